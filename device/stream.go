@@ -1,0 +1,287 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dropless/dropless/internal/cuda"
+)
+
+// Stream is an ordered queue of device work. On a GPU it is a CUDA stream and every op
+// enqueued on it returns without waiting for the work; on the CPU ops run when they are
+// enqueued, in the caller's goroutine, unless the stream is capturing.
+type Stream struct {
+	dev   *Device
+	h     cuda.Stream
+	owned bool
+
+	mu        sync.Mutex // CPU capture state
+	capturing bool
+	captured  []func()
+}
+
+// NewStream creates a stream on d. Close it when done.
+func (d *Device) NewStream() (*Stream, error) {
+	if d.kind != KindCUDA {
+		return &Stream{dev: d}, nil
+	}
+	s := &Stream{dev: d, owned: true}
+	err := d.Do(func() error {
+		var err error
+		s.h, err = cuda.StreamCreate(cuda.StreamNonBlocking)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// WrapStream returns a Stream for a CUDA stream handle created elsewhere (by
+// gorgonia.org/cu or another binding) in d's primary context. Closing it does not destroy it.
+func (d *Device) WrapStream(handle uintptr) (*Stream, error) {
+	if d.kind != KindCUDA {
+		return nil, fmt.Errorf("device: WrapStream on %v: foreign streams are CUDA streams", d)
+	}
+	return &Stream{dev: d, h: cuda.Stream(handle)}, nil
+}
+
+// Device returns the stream's device.
+func (s *Stream) Device() *Device { return s.dev }
+
+// Handle returns the CUstream handle (0 on the CPU), for passing to other bindings.
+func (s *Stream) Handle() uintptr { return uintptr(s.h) }
+
+// Close destroys the stream after its pending work. The device's default stream and
+// wrapped streams are not destroyed.
+func (s *Stream) Close() error {
+	if !s.owned || s == s.dev.stream {
+		return nil
+	}
+	s.owned = false
+	return s.dev.Do(func() error { return cuda.StreamDestroy(s.h) })
+}
+
+// Synchronize waits until all work enqueued on s has finished.
+func (s *Stream) Synchronize() error {
+	if s.dev.kind != KindCUDA {
+		return nil
+	}
+	return s.dev.Do(func() error { return cuda.StreamSynchronize(s.h) })
+}
+
+// run enqueues work: on the CPU it calls cpu now, or records it while capturing; on a
+// GPU it calls gpu inside Do. Every op of the library goes through run.
+func (s *Stream) run(cpu func(), gpu func() error) error {
+	if s.dev.kind != KindCUDA {
+		s.mu.Lock()
+		if s.capturing {
+			s.captured = append(s.captured, cpu)
+			s.mu.Unlock()
+			return nil
+		}
+		s.mu.Unlock()
+		cpu()
+		return nil
+	}
+	return s.dev.Do(gpu)
+}
+
+// EnqueueCPU runs fn as an op on a CPU stream (recorded when the stream is capturing).
+// Packages that implement ops call it for their CPU paths. On a GPU stream it is an error.
+func (s *Stream) EnqueueCPU(fn func()) error {
+	if s.dev.kind == KindCUDA {
+		return fmt.Errorf("device: EnqueueCPU on %v stream", s.dev)
+	}
+	return s.run(fn, nil)
+}
+
+// Event marks a point in a stream's work. On a GPU it is a CUDA event with timing; on
+// the CPU it holds the time its stream reached it.
+type Event struct {
+	dev *Device
+	h   cuda.Event
+	mu  sync.Mutex
+	at  time.Time
+}
+
+// NewEvent creates an event on d. Close it when done.
+func (d *Device) NewEvent() (*Event, error) {
+	e := &Event{dev: d}
+	if d.kind != KindCUDA {
+		return e, nil
+	}
+	err := d.Do(func() error {
+		var err error
+		e.h, err = cuda.EventCreate(0)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Record marks the current end of s's work with e.
+func (e *Event) Record(s *Stream) error {
+	if s.dev != e.dev {
+		return fmt.Errorf("device: Event.Record: event of %v on a stream of %v", e.dev, s.dev)
+	}
+	return s.run(func() {
+		e.mu.Lock()
+		e.at = time.Now()
+		e.mu.Unlock()
+	}, func() error { return cuda.EventRecord(e.h, s.h) })
+}
+
+// Record creates an event and records it on s.
+func (s *Stream) Record() (*Event, error) {
+	e, err := s.dev.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Record(s); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Wait makes work enqueued on s after this call wait until e has completed. It does
+// not block the host.
+func (s *Stream) Wait(e *Event) error {
+	if s.dev != e.dev {
+		return fmt.Errorf("device: Stream.Wait: event of %v on a stream of %v", e.dev, s.dev)
+	}
+	return s.run(func() {}, func() error { return cuda.StreamWaitEvent(s.h, e.h) })
+}
+
+// Synchronize blocks the host until e has completed.
+func (e *Event) Synchronize() error {
+	if e.dev.kind != KindCUDA {
+		return nil
+	}
+	return e.dev.Do(func() error { return cuda.EventSynchronize(e.h) })
+}
+
+// Done reports whether e has completed, without blocking.
+func (e *Event) Done() (bool, error) {
+	if e.dev.kind != KindCUDA {
+		return true, nil
+	}
+	var ok bool
+	err := e.dev.Do(func() error {
+		var err error
+		ok, err = cuda.EventQuery(e.h)
+		return err
+	})
+	return ok, err
+}
+
+// Since returns the time between start and e, both completed.
+func (e *Event) Since(start *Event) (time.Duration, error) {
+	if e.dev.kind != KindCUDA {
+		e.mu.Lock()
+		start.mu.Lock()
+		d := e.at.Sub(start.at)
+		start.mu.Unlock()
+		e.mu.Unlock()
+		return d, nil
+	}
+	var ms float32
+	err := e.dev.Do(func() error {
+		var err error
+		ms, err = cuda.EventElapsedTime(start.h, e.h)
+		return err
+	})
+	return time.Duration(float64(ms) * float64(time.Millisecond)), err
+}
+
+// Close destroys e.
+func (e *Event) Close() error {
+	if e.dev.kind != KindCUDA || e.h == 0 {
+		return nil
+	}
+	h := e.h
+	e.h = 0
+	return e.dev.Do(func() error { return cuda.EventDestroy(h) })
+}
+
+// Graph is work captured from a stream, replayable with one launch. On a GPU it is an
+// instantiated CUDA graph; on the CPU it is the captured ops, run in order.
+type Graph struct {
+	dev  *Device
+	g    cuda.Graph
+	exec cuda.GraphExec
+	ops  []func()
+}
+
+// BeginCapture starts recording the work enqueued on s instead of running it, until
+// EndCapture. Stream-ordered allocations made while capturing become part of the graph.
+func (s *Stream) BeginCapture() error {
+	if s.dev.kind != KindCUDA {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.capturing {
+			return errors.New("device: BeginCapture: stream is already capturing")
+		}
+		s.capturing, s.captured = true, nil
+		return nil
+	}
+	return s.dev.Do(func() error { return cuda.StreamBeginCapture(s.h) })
+}
+
+// EndCapture stops recording on s and returns the captured work as a Graph. Close it when done.
+func (s *Stream) EndCapture() (*Graph, error) {
+	g := &Graph{dev: s.dev}
+	if s.dev.kind != KindCUDA {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.capturing {
+			return nil, errors.New("device: EndCapture: stream is not capturing")
+		}
+		g.ops, s.capturing, s.captured = s.captured, false, nil
+		return g, nil
+	}
+	err := s.dev.Do(func() error {
+		var err error
+		if g.g, err = cuda.StreamEndCapture(s.h); err != nil {
+			return err
+		}
+		if g.exec, err = cuda.GraphInstantiate(g.g); err != nil {
+			cuda.GraphDestroy(g.g)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Launch enqueues the graph's work on s.
+func (g *Graph) Launch(s *Stream) error {
+	if s.dev != g.dev {
+		return fmt.Errorf("device: Graph.Launch: graph of %v on a stream of %v", g.dev, s.dev)
+	}
+	return s.run(func() {
+		for _, op := range g.ops {
+			op()
+		}
+	}, func() error { return cuda.GraphLaunch(g.exec, s.h) })
+}
+
+// Close destroys the graph.
+func (g *Graph) Close() error {
+	if g.dev.kind != KindCUDA || g.exec == 0 {
+		return nil
+	}
+	exec, gr := g.exec, g.g
+	g.exec, g.g = 0, 0
+	return g.dev.Do(func() error {
+		return errors.Join(cuda.GraphExecDestroy(exec), cuda.GraphDestroy(gr))
+	})
+}
