@@ -359,22 +359,23 @@ func EncodeFloat32(t DType, dst []byte, src []float32) {
 	case F32:
 		dst = dst[:4*n]
 		for i, x := range src {
-			le.PutUint32(dst[4*i:], math.Float32bits(x))
+			le.PutUint32(dst[4*i:4*i+4], math.Float32bits(x))
 		}
 	case F16:
 		dst = dst[:2*n]
 		for i, x := range src {
-			le.PutUint16(dst[2*i:], F16FromFloat32(x))
+			le.PutUint16(dst[2*i:2*i+2], F16FromFloat32(x))
 		}
 	case BF16:
 		dst = dst[:2*n]
 		for i, x := range src {
+			// BF16FromFloat32, written to compile without branches.
 			b := math.Float32bits(x)
-			h := uint16(nanBF16)
-			if b&0x7fffffff <= 0x7f800000 {
-				h = uint16((b + 0x7fff + (b>>16)&1) >> 16)
+			h := (b + 0x7fff + (b>>16)&1) >> 16
+			if b&0x7fffffff > 0x7f800000 {
+				h = nanBF16
 			}
-			le.PutUint16(dst[2*i:], h)
+			le.PutUint16(dst[2*i:2*i+2], uint16(h))
 		}
 	case E4M3:
 		dst = dst[:n]
@@ -394,12 +395,12 @@ func EncodeFloat32(t DType, dst []byte, src []float32) {
 	case I32:
 		dst = dst[:4*n]
 		for i, x := range src {
-			le.PutUint32(dst[4*i:], uint32(I32FromFloat32(x)))
+			le.PutUint32(dst[4*i:4*i+4], uint32(I32FromFloat32(x)))
 		}
 	case I64:
 		dst = dst[:8*n]
 		for i, x := range src {
-			le.PutUint64(dst[8*i:], uint64(I64FromFloat32(x)))
+			le.PutUint64(dst[8*i:8*i+8], uint64(I64FromFloat32(x)))
 		}
 	}
 }
@@ -416,17 +417,17 @@ func DecodeFloat32(t DType, dst []float32, src []byte) {
 	case F32:
 		src = src[:4*n]
 		for i := range dst {
-			dst[i] = math.Float32frombits(le.Uint32(src[4*i:]))
+			dst[i] = math.Float32frombits(le.Uint32(src[4*i : 4*i+4]))
 		}
 	case F16:
 		src = src[:2*n]
 		for i := range dst {
-			dst[i] = F16ToFloat32(le.Uint16(src[2*i:]))
+			dst[i] = F16ToFloat32(le.Uint16(src[2*i : 2*i+2]))
 		}
 	case BF16:
 		src = src[:2*n]
 		for i := range dst {
-			dst[i] = math.Float32frombits(uint32(le.Uint16(src[2*i:])) << 16)
+			dst[i] = math.Float32frombits(uint32(le.Uint16(src[2*i:2*i+2])) << 16)
 		}
 	case E4M3:
 		decodeBytes(dst, src[:n], e4m3Table)
@@ -437,12 +438,12 @@ func DecodeFloat32(t DType, dst []float32, src []byte) {
 	case I32:
 		src = src[:4*n]
 		for i := range dst {
-			dst[i] = float32(int32(le.Uint32(src[4*i:])))
+			dst[i] = float32(int32(le.Uint32(src[4*i : 4*i+4])))
 		}
 	case I64:
 		src = src[:8*n]
 		for i := range dst {
-			dst[i] = float32(int64(le.Uint64(src[8*i:])))
+			dst[i] = float32(int64(le.Uint64(src[8*i : 8*i+8])))
 		}
 	}
 }

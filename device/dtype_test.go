@@ -894,7 +894,7 @@ func TestEncodeDecodeFloat32(t *testing.T) {
 	}
 }
 
-func TestConvertBytes(t *testing.T) {
+func TestConvertBytesDType(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	const n = 3*convertChunk + 17
 	vals := testValues(rng, n)

@@ -169,7 +169,10 @@ func (d *Device) Kernel(p *Program, name string) (*Kernel, error) {
 	if d.kind != KindCUDA {
 		return nil, fmt.Errorf("device: kernel %s: %v runs no CUDA kernels", name, d)
 	}
-	v, _ := d.modules.LoadOrStore(p, &module{funcs: map[string]*Kernel{}})
+	v, ok := d.modules.Load(p)
+	if !ok {
+		v, _ = d.modules.LoadOrStore(p, &module{funcs: map[string]*Kernel{}})
+	}
 	m := v.(*module)
 	m.once.Do(func() { m.err = d.load(p, m) })
 	if m.err != nil {
@@ -214,6 +217,17 @@ func (d *Device) load(p *Program, m *module) error {
 		return nil
 	})
 }
+
+const maxArgs = 32
+
+// launchArgs is a kernel's parameter block; blob holds by-value structs, 64-byte aligned.
+type launchArgs struct {
+	vals [maxArgs]uint64
+	ptrs [maxArgs]unsafe.Pointer
+	blob [1024]byte
+}
+
+var argPool = sync.Pool{New: func() any { return new(launchArgs) }}
 
 // Kernel is one compiled kernel on one GPU.
 type Kernel struct {
@@ -267,43 +281,51 @@ func (k *Kernel) Launch(s *Stream, grid, block Dim3, smem int, args ...any) erro
 	if smem < 0 {
 		return fmt.Errorf("device: launch %s: negative shared memory", k.name)
 	}
-	vals := make([]uint64, len(args))
-	ptrs := make([]unsafe.Pointer, len(args))
+	if len(args) > maxArgs {
+		return fmt.Errorf("device: launch %s: %d arguments, at most %d", k.name, len(args), maxArgs)
+	}
+	// The parameter block lives in pooled heap memory: the driver reads it through raw
+	// addresses, which must not point into a goroutine stack that may move.
+	la := argPool.Get().(*launchArgs)
+	defer argPool.Put(la)
+	blob := int((64 - uintptr(unsafe.Pointer(&la.blob[0]))%64) % 64)
 	for i, a := range args {
 		switch v := a.(type) {
 		case *Tensor:
 			if err := v.usable(s, fmt.Sprintf("argument %d of %s", i, k.name)); err != nil {
 				return err
 			}
-			vals[i] = uint64(v.dptr())
+			la.vals[i] = uint64(v.dptr())
 		case int32:
-			vals[i] = uint64(uint32(v))
+			la.vals[i] = uint64(uint32(v))
 		case uint32:
-			vals[i] = uint64(v)
+			la.vals[i] = uint64(v)
 		case int64:
-			vals[i] = uint64(v)
+			la.vals[i] = uint64(v)
 		case uint64:
-			vals[i] = v
+			la.vals[i] = v
 		case uintptr:
-			vals[i] = uint64(v)
+			la.vals[i] = uint64(v)
 		case float32:
-			vals[i] = uint64(math.Float32bits(v))
+			la.vals[i] = uint64(math.Float32bits(v))
 		case float64:
-			vals[i] = math.Float64bits(v)
+			la.vals[i] = math.Float64bits(v)
 		case []byte:
-			if len(v) == 0 {
-				return fmt.Errorf("device: launch %s: argument %d is an empty struct", k.name, i)
+			if len(v) == 0 || blob+len(v) > len(la.blob) {
+				return fmt.Errorf("device: launch %s: struct argument %d of %d bytes (at most %d in all)", k.name, i, len(v), len(la.blob))
 			}
-			ptrs[i] = unsafe.Pointer(&v[0])
+			copy(la.blob[blob:], v)
+			la.ptrs[i] = unsafe.Pointer(&la.blob[blob])
+			blob += (len(v) + 63) &^ 63
 			continue
 		default:
 			return fmt.Errorf("device: launch %s: argument %d has unsupported type %T", k.name, i, a)
 		}
-		ptrs[i] = unsafe.Pointer(&vals[i])
+		la.ptrs[i] = unsafe.Pointer(&la.vals[i])
 	}
 	var pp unsafe.Pointer
-	if len(ptrs) > 0 {
-		pp = unsafe.Pointer(&ptrs[0])
+	if len(args) > 0 {
+		pp = unsafe.Pointer(&la.ptrs[0])
 	}
 	err := s.dev.Do(func() error { return cuda.LaunchKernel(k.f, grid.norm(), block.norm(), uint32(smem), s.h, pp) })
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // Handles of the driver API. Zero is the null handle.
@@ -63,6 +65,10 @@ const (
 
 type driver struct {
 	lib *library
+
+	// Raw addresses of the calls on the launch path, called with purego.SyscallN,
+	// which costs less than a reflect-built function.
+	pCtxSetCurrent, pLaunchKernel uintptr
 
 	cuGetErrorName   func(res int32, s **byte) int32
 	cuGetErrorString func(res int32, s **byte) int32
@@ -174,6 +180,8 @@ func (d *driver) load(path string) error {
 		return fmt.Errorf("%w (is an NVIDIA driver installed?)", err)
 	}
 	d.lib = lib
+	d.pCtxSetCurrent = lib.sym("cuCtxSetCurrent")
+	d.pLaunchKernel = lib.sym("cuLaunchKernel")
 	lib.bind(&d.cuGetErrorName, "cuGetErrorName")
 	lib.bind(&d.cuGetErrorString, "cuGetErrorString")
 	lib.bind(&d.cuInit, "cuInit")
@@ -327,7 +335,10 @@ func PrimaryCtxRetain(d Device) (Context, error) {
 }
 
 // CtxSetCurrent binds c to the calling OS thread.
-func CtxSetCurrent(c Context) error { return check("cuCtxSetCurrent", drv.cuCtxSetCurrent(c)) }
+func CtxSetCurrent(c Context) error {
+	r, _, _ := purego.SyscallN(drv.pCtxSetCurrent, uintptr(c))
+	return check("cuCtxSetCurrent", int32(r))
+}
 
 // CtxSynchronize waits for all work of the current context.
 func CtxSynchronize() error { return check("cuCtxSynchronize", drv.cuCtxSynchronize()) }
@@ -543,9 +554,11 @@ func OccupancyMaxActiveBlocksPerMultiprocessor(f Function, block, smem int) (int
 
 // LaunchKernel enqueues f on s. params points to an array of pointers, one per kernel
 // parameter, each to the parameter's value; the caller keeps them alive for the call.
+// params must point to Go heap memory (it does not move) or C memory.
 func LaunchKernel(f Function, grid, block [3]uint32, smem uint32, s Stream, params unsafe.Pointer) error {
-	return check("cuLaunchKernel", drv.cuLaunchKernel(f, grid[0], grid[1], grid[2],
-		block[0], block[1], block[2], smem, s, params, nil))
+	r, _, _ := purego.SyscallN(drv.pLaunchKernel, uintptr(f), uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
+		uintptr(block[0]), uintptr(block[1]), uintptr(block[2]), uintptr(smem), uintptr(s), uintptr(params), 0)
+	return check("cuLaunchKernel", int32(r))
 }
 
 // StreamBeginCapture starts capturing the work enqueued on s into a graph.

@@ -43,6 +43,17 @@ func (l *library) bind(fptr any, names ...string) {
 	l.errs = append(l.errs, names[0])
 }
 
+// sym returns the address of the first of names found, recording a miss like bind.
+func (l *library) sym(names ...string) uintptr {
+	for _, n := range names {
+		if p, err := purego.Dlsym(l.handle, n); err == nil && p != 0 {
+			return p
+		}
+	}
+	l.errs = append(l.errs, names[0])
+	return 0
+}
+
 // optional is bind for a symbol that older libraries lack. It reports whether it was found.
 func (l *library) optional(fptr any, names ...string) bool {
 	n := len(l.errs)
