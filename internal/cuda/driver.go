@@ -128,6 +128,9 @@ type driver struct {
 	cuLaunchKernel                              func(f Function, gx, gy, gz, bx, by, bz, smem uint32, s Stream, params unsafe.Pointer, extra unsafe.Pointer) int32
 	cuOccupancyMaxActiveBlocksPerMultiprocessor func(n *int32, f Function, block int32, smem uint64) int32
 
+	cuTensorMapEncodeTiled func(tmap unsafe.Pointer, dtype int32, rank uint32, addr DevicePtr, dims, strides unsafe.Pointer,
+		box, elemStrides unsafe.Pointer, interleave, swizzle, l2 int32, oob int32) int32
+
 	cuStreamBeginCapture        func(s Stream, mode int32) int32
 	cuStreamEndCapture          func(s Stream, g *Graph) int32
 	cuGraphInstantiateWithFlags func(e *GraphExec, g Graph, flags uint64) int32
@@ -233,6 +236,7 @@ func (d *driver) load(path string) error {
 	lib.bind(&d.cuFuncGetAttribute, "cuFuncGetAttribute")
 	lib.bind(&d.cuLaunchKernel, "cuLaunchKernel")
 	lib.bind(&d.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+	lib.optional(&d.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")
 	lib.bind(&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2")
 	lib.bind(&d.cuStreamEndCapture, "cuStreamEndCapture")
 	lib.bind(&d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags")
@@ -592,3 +596,44 @@ func GraphExecDestroy(e GraphExec) error {
 
 // GraphDestroy destroys g.
 func GraphDestroy(g Graph) error { return check("cuGraphDestroy", drv.cuGraphDestroy(g)) }
+
+// Tensor map element types and swizzles (CUtensorMapDataType, CUtensorMapSwizzle).
+const (
+	TensorMapUint8       = 0
+	TensorMapUint16      = 1
+	TensorMapFloat32     = 7
+	TensorMapBFloat16    = 9
+	TensorMapSwizzleNone = 0
+	TensorMapSwizzle128B = 3
+)
+
+// TensorMapEncodeTiled describes a tiled view of global memory for the Hopper tensor
+// memory accelerator and returns the 128-byte CUtensorMap. dims and box are innermost
+// first; strides are the byte strides of dims[1:].
+func TensorMapEncodeTiled(dtype int, addr DevicePtr, dims, strides []uint64, box []uint32, swizzle int) ([]byte, error) {
+	if drv.cuTensorMapEncodeTiled == nil {
+		return nil, &Error{Call: "cuTensorMapEncodeTiled", Name: "CUDA_ERROR_NOT_SUPPORTED", Desc: "the driver lacks tensor maps (CUDA 12 or later needed)"}
+	}
+	rank := len(dims)
+	buf := make([]uint64, 16+3*rank)
+	tm := buf[:16]
+	d := buf[16 : 16+rank]
+	st := buf[16+rank : 16+2*rank]
+	copy(d, dims)
+	copy(st, strides)
+	b32 := make([]uint32, 2*rank)
+	copy(b32, box)
+	for i := range rank {
+		b32[rank+i] = 1
+	}
+	var stp unsafe.Pointer
+	if rank > 1 {
+		stp = unsafe.Pointer(&st[0])
+	}
+	err := check("cuTensorMapEncodeTiled", drv.cuTensorMapEncodeTiled(unsafe.Pointer(&tm[0]), int32(dtype), uint32(rank), addr,
+		unsafe.Pointer(&d[0]), stp, unsafe.Pointer(&b32[0]), unsafe.Pointer(&b32[rank]), 0, int32(swizzle), 3, 0))
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&tm[0])), 128), nil
+}

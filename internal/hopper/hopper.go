@@ -1,0 +1,177 @@
+// Package hopper holds the Hopper (sm_90a) tensor-core kernels of the library: a grouped
+// GEMM on wgmma and the tensor memory accelerator, used by package gemm when the GPU and
+// NVRTC support it.
+package hopper
+
+import (
+	_ "embed"
+	"fmt"
+	"sync"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/internal/cuda"
+)
+
+//go:embed kernels/grouped.cu
+var groupedSrc string
+
+// Grouped is the program of the grouped GEMM kernels.
+var Grouped = device.NewProgram("hopper_grouped.cu", groupedSrc)
+
+const (
+	bm, bn, bk = 128, 256, 64
+	// The larger of the 4-stage kernels and the 3-stage weight gradient with its 64 KB
+	// staging area, plus barriers, group tables and alignment slack.
+	smemBytes = 3*(bm*bk*2+bn*bk*2) + 65536 + 2*4*8 + 2*(maxG+1)*4 + 1024
+	maxG      = 1024
+)
+
+var support sync.Map // *device.Device → error
+
+// Supported returns nil when d can run the Hopper kernels: an sm_90 GPU with NVRTC able
+// to target sm_90a and a driver with tensor maps.
+func Supported(d *device.Device) error {
+	if v, ok := support.Load(d); ok {
+		if v == nil {
+			return nil
+		}
+		return v.(error)
+	}
+	err := supported(d)
+	if err == nil {
+		support.Store(d, nil)
+	} else {
+		support.Store(d, err)
+	}
+	return err
+}
+
+func supported(d *device.Device) error {
+	if !d.IsCUDA() || d.ComputeCapability() != 90 {
+		return fmt.Errorf("hopper: %v is not an sm_90 GPU", d)
+	}
+	t, err := device.Target(90)
+	if err != nil {
+		return err
+	}
+	if t != "sm_90a" {
+		return fmt.Errorf("hopper: NVRTC targets %s, not sm_90a", t)
+	}
+	for _, name := range []string{"dl_hopper_kmaj_bf16", "dl_hopper_kmaj_f32", "dl_hopper_mnmaj_bf16", "dl_hopper_mnmaj_f32",
+		"dl_hopper_wgrad_bf16", "dl_hopper_wgrad_f32", "dl_hopper_wgrad_bf16_acc", "dl_hopper_wgrad_f32_acc"} {
+		k, err := d.Kernel(Grouped, name)
+		if err != nil {
+			return err
+		}
+		if err := k.SetMaxDynamicSharedMemory(smemBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GroupedGEMM computes y[M,N] = a[M,Kc]·B_g for the rows of each group g, where sizes
+// (I32[G] on the device) gives the groups' row counts in order. a and b are BF16; y is
+// BF16 or F32. b holds G matrices: when bMN is false, b is [G,N,Kc] (each B_gᵀ stored
+// row-major, contraction contiguous); when true, b is [G,Kc,N]. Rows past sum(sizes)
+// are zeroed. Kc and N must be multiples of 8 (16-byte rows for the tensor maps) and
+// G at most 1024. Invalid sizes set status (I32[4]: code, group, value) and write
+// nothing. Two launches on s; nothing is copied to the host.
+func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bool) error {
+	d := s.Device()
+	if err := Supported(d); err != nil {
+		return err
+	}
+	M, Kc := a.Dim(0), a.Dim(1)
+	G, N := sizes.Len(), y.Dim(1)
+	if Kc%8 != 0 || N%8 != 0 || G > maxG || G < 1 {
+		return fmt.Errorf("hopper: GroupedGEMM needs Kc, N multiples of 8 and 1 ≤ G ≤ %d (Kc=%d N=%d G=%d)", maxG, Kc, N, G)
+	}
+	tmA, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(a.Ptr()),
+		[]uint64{uint64(Kc), uint64(M)}, []uint64{uint64(Kc) * 2}, []uint32{bk, bm}, cuda.TensorMapSwizzle128B)
+	if err != nil {
+		return err
+	}
+	var tmB []byte
+	if bMN {
+		tmB, err = cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(b.Ptr()),
+			[]uint64{uint64(N), uint64(Kc), uint64(G)}, []uint64{uint64(N) * 2, uint64(N) * uint64(Kc) * 2},
+			[]uint32{64, bk, 1}, cuda.TensorMapSwizzle128B)
+	} else {
+		tmB, err = cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(b.Ptr()),
+			[]uint64{uint64(Kc), uint64(N), uint64(G)}, []uint64{uint64(Kc) * 2, uint64(N) * uint64(Kc) * 2},
+			[]uint32{bk, bn, 1}, cuda.TensorMapSwizzle128B)
+	}
+	if err != nil {
+		return err
+	}
+	name := "dl_hopper_kmaj_"
+	if bMN {
+		name = "dl_hopper_mnmaj_"
+	}
+	f32 := int32(0)
+	if y.DType() == device.F32 {
+		name += "f32"
+		f32 = 1
+	} else {
+		name += "bf16"
+	}
+	k, err := d.Kernel(Grouped, name)
+	if err != nil {
+		return err
+	}
+	z, err := d.Kernel(Grouped, "dl_hopper_zero_tail")
+	if err != nil {
+		return err
+	}
+	if err := k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
+		int32(G), int32(M), int32(N), int32(Kc), status); err != nil {
+		return err
+	}
+	return z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32)
+}
+
+// WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and
+// dy [M,N] given by sizes (I32[G] on the device), adding to dw when acc is set. x and dy
+// are BF16; dw is BF16 or F32. An empty group's dw is exactly zero (left as is with acc).
+// K and N must be multiples of 8 and G at most 1024. Invalid sizes set status and write
+// nothing. One launch on s; nothing is copied to the host.
+func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc bool) error {
+	d := s.Device()
+	if err := Supported(d); err != nil {
+		return err
+	}
+	M, K, N, G := x.Dim(0), x.Dim(1), dy.Dim(1), sizes.Len()
+	if K%8 != 0 || N%8 != 0 || G > maxG || G < 1 {
+		return fmt.Errorf("hopper: WeightGrad needs K, N multiples of 8 and 1 ≤ G ≤ %d (K=%d N=%d G=%d)", maxG, K, N, G)
+	}
+	tmX, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(x.Ptr()),
+		[]uint64{uint64(K), uint64(M)}, []uint64{uint64(K) * 2}, []uint32{64, bk}, cuda.TensorMapSwizzle128B)
+	if err != nil {
+		return err
+	}
+	tmDY, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(dy.Ptr()),
+		[]uint64{uint64(N), uint64(M)}, []uint64{uint64(N) * 2}, []uint32{64, bk}, cuda.TensorMapSwizzle128B)
+	if err != nil {
+		return err
+	}
+	tmDW, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(dw.Ptr()),
+		[]uint64{uint64(N), uint64(K), uint64(G)}, []uint64{uint64(N) * 2, uint64(N) * uint64(K) * 2}, []uint32{64, 64, 1},
+		cuda.TensorMapSwizzle128B)
+	if err != nil {
+		return err
+	}
+	name := "dl_hopper_wgrad_bf16"
+	if dw.DType() == device.F32 {
+		name = "dl_hopper_wgrad_f32"
+	}
+	if acc {
+		name += "_acc"
+	}
+	k, err := d.Kernel(Grouped, name)
+	if err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmX, tmDY, tmDW, dw, sizes,
+		int32(G), int32(M), int32(K), int32(N), status)
+}

@@ -1,0 +1,303 @@
+package hopper
+
+import (
+	"math"
+	"testing"
+
+	"github.com/dropless/dropless/device"
+	dt "github.com/dropless/dropless/device/devicetest"
+)
+
+func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, Grouped) }
+
+// reference computes y = a·B_g in float64 from bf16 inputs.
+func reference(a, b []float32, sizes []int32, M, Kc, N int, bMN bool) []float64 {
+	y := make([]float64, M*N)
+	row := 0
+	for g, sz := range sizes {
+		for r := row; r < row+int(sz); r++ {
+			for n := 0; n < N; n++ {
+				var acc float64
+				for k := 0; k < Kc; k++ {
+					var bv float32
+					if bMN {
+						bv = b[(g*Kc+k)*N+n]
+					} else {
+						bv = b[(g*N+n)*Kc+k]
+					}
+					acc += float64(a[r*Kc+k]) * float64(bv)
+				}
+				y[r*N+n] = acc
+			}
+		}
+		row += int(sz)
+	}
+	return y
+}
+
+func TestGroupedGEMM(t *testing.T) {
+	d := dt.GPU(t)
+	if err := Supported(d); err != nil {
+		if dt.RequireGPU() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	s := d.Stream()
+	for _, tc := range []struct {
+		name    string
+		M, K, N int
+		sizes   []int32
+		bMN     bool
+		out     device.DType
+	}{
+		{"kmaj_one", 128, 64, 256, []int32{128}, false, device.F32},
+		{"mnmaj_one", 128, 64, 256, []int32{128}, true, device.F32},
+		{"kmaj_ragged", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, false, device.BF16},
+		{"mnmaj_ragged", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, true, device.BF16},
+		{"mnmaj_big", 1024, 1024, 512, []int32{256, 0, 512, 200}, true, device.F32},
+		{"kmaj_big", 1024, 1024, 512, []int32{256, 0, 512, 200}, false, device.F32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := dt.Rand(7)
+			G := len(tc.sizes)
+			av := dt.Normal(r, tc.M*tc.K, 1)
+			bv := dt.Normal(r, G*tc.K*tc.N, 1)
+			round := func(v []float32) {
+				for i := range v {
+					v[i] = device.BF16ToFloat32(device.BF16FromFloat32(v[i]))
+				}
+			}
+			round(av)
+			round(bv)
+			a := dt.Must(device.FromFloat32(s, device.BF16, av, tc.M, tc.K))
+			shape := []int{G, tc.N, tc.K}
+			if tc.bMN {
+				shape = []int{G, tc.K, tc.N}
+			}
+			b := dt.Must(device.FromFloat32(s, device.BF16, bv, shape...))
+			sz := dt.Must(device.FromSlice(s, device.I32, tc.sizes, G))
+			st := dt.Must(s.Alloc(device.I32, 4))
+			dt.NoErr(t, device.Fill(s, st, 0))
+			y := dt.Must(s.Alloc(tc.out, tc.M, tc.N))
+			dt.Poison(t, s, y)
+			dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, st, tc.bMN))
+			got := dt.Must(y.Float32s(s))
+			want := reference(av, bv, tc.sizes, tc.M, tc.K, tc.N, tc.bMN)
+			var num, den float64
+			bad := 0
+			for i := range want {
+				e := float64(got[i]) - want[i]
+				num += e * e
+				den += want[i] * want[i]
+				if math.IsNaN(float64(got[i])) || math.Abs(e) > 0.02*math.Sqrt(float64(tc.K))+0.02*math.Abs(want[i]) {
+					if bad < 5 {
+						t.Errorf("y[%d,%d] = %v, want %v", i/tc.N, i%tc.N, got[i], want[i])
+					}
+					bad++
+				}
+			}
+			t.Logf("relative error %.3g, %d bad of %d", math.Sqrt(num/den), bad, len(want))
+			stat := make([]int32, 4)
+			dt.NoErr(t, device.Download(s, st, stat))
+			if stat[0] != 0 {
+				t.Errorf("status %v", stat)
+			}
+			for _, x := range []*device.Tensor{a, b, sz, st, y} {
+				x.Free()
+			}
+		})
+	}
+}
+
+// randomize fills t (BF16) with N(0,1) values: a random block uploaded once and copied
+// over t, so large benchmark inputs cost little to make but keep tensor cores busy
+// with realistic bit patterns.
+func randomize(tb testing.TB, s *device.Stream, t *device.Tensor) {
+	const blk = 1 << 22
+	n := t.Len()
+	src := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(uint64(n)), min(n, blk), 1), min(n, blk)))
+	defer src.Free()
+	for off := 0; off < n; off += blk {
+		m := min(blk, n-off)
+		dst := dt.Must(t.View(off, m))
+		sv := dt.Must(src.View(0, m))
+		dt.NoErr(tb, device.Copy(s, dst, sv))
+	}
+}
+
+func benchCase(b *testing.B, G, M, K, N int, bMN bool) {
+	d := dt.GPU(b)
+	if err := Supported(d); err != nil {
+		b.Skip(err)
+	}
+	s := d.Stream()
+	a := dt.Must(s.Alloc(device.BF16, M, K))
+	w := dt.Must(s.Alloc(device.BF16, G, K, N))
+	y := dt.Must(s.Alloc(device.BF16, M, N))
+	randomize(b, s, a)
+	randomize(b, s, w)
+	sizes := make([]int32, G)
+	for i := range sizes {
+		sizes[i] = int32(M / G)
+	}
+	sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
+	st := dt.Must(s.Alloc(device.I32, 4))
+	dt.NoErr(b, device.Fill(s, st, 0))
+	dt.NoErr(b, GroupedGEMM(s, y, a, w, sz, st, bMN))
+	dt.NoErr(b, s.Synchronize())
+	b.ResetTimer()
+	for range b.N {
+		dt.NoErr(b, GroupedGEMM(s, y, a, w, sz, st, bMN))
+	}
+	dt.NoErr(b, s.Synchronize())
+	b.ReportMetric(2*float64(M)*float64(K)*float64(N)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
+	for _, x := range []*device.Tensor{a, w, y, sz, st} {
+		x.Free()
+	}
+}
+
+func BenchmarkGrouped(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		G, M, K, N int
+	}{
+		{"dsv3_wi", 32, 65536, 7168, 4096},
+		{"dsv3_wo", 32, 65536, 2048, 7168},
+		{"mixtral_wi", 8, 32768, 4096, 28672},
+		{"qwen3_wi", 128, 32768, 2048, 1536},
+		{"qwen3_small", 128, 2048, 2048, 1536},
+	} {
+		for _, mn := range []bool{true, false} {
+			name := c.name + "/kmaj"
+			if mn {
+				name = c.name + "/mnmaj"
+			}
+			b.Run(name, func(b *testing.B) { benchCase(b, c.G, c.M, c.K, c.N, mn) })
+		}
+	}
+}
+
+func TestWeightGrad(t *testing.T) {
+	d := dt.GPU(t)
+	if err := Supported(d); err != nil {
+		if dt.RequireGPU() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	s := d.Stream()
+	for _, tc := range []struct {
+		name    string
+		M, K, N int
+		sizes   []int32
+		acc     bool
+		out     device.DType
+	}{
+		{"one", 64, 128, 256, []int32{64}, false, device.F32},
+		{"ragged", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, false, device.F32},
+		{"ragged_bf16", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, false, device.BF16},
+		{"acc", 1000, 256, 512, []int32{500, 0, 63, 65, 300}, true, device.F32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := dt.Rand(9)
+			G := len(tc.sizes)
+			xv := dt.Normal(r, tc.M*tc.K, 1)
+			yv := dt.Normal(r, tc.M*tc.N, 1)
+			base := dt.Normal(r, G*tc.K*tc.N, 1)
+			for _, v := range [][]float32{xv, yv, base} {
+				for i := range v {
+					v[i] = device.BF16ToFloat32(device.BF16FromFloat32(v[i]))
+				}
+			}
+			x := dt.Must(device.FromFloat32(s, device.BF16, xv, tc.M, tc.K))
+			dy := dt.Must(device.FromFloat32(s, device.BF16, yv, tc.M, tc.N))
+			sz := dt.Must(device.FromSlice(s, device.I32, tc.sizes, G))
+			st := dt.Must(s.Alloc(device.I32, 4))
+			dt.NoErr(t, device.Fill(s, st, 0))
+			dw := dt.Must(s.Alloc(tc.out, G, tc.K, tc.N))
+			if tc.acc {
+				dt.NoErr(t, dw.SetFloat32(s, base))
+			} else {
+				dt.Poison(t, s, dw)
+			}
+			dt.NoErr(t, WeightGrad(s, dw, x, dy, sz, st, tc.acc))
+			got := dt.Must(dw.Float32s(s))
+			var num, den float64
+			bad := 0
+			row := 0
+			for g, n := range tc.sizes {
+				for k := 0; k < tc.K; k++ {
+					for j := 0; j < tc.N; j++ {
+						var want float64
+						if tc.acc {
+							want = float64(base[(g*tc.K+k)*tc.N+j])
+						}
+						for m := row; m < row+int(n); m++ {
+							want += float64(xv[m*tc.K+k]) * float64(yv[m*tc.N+j])
+						}
+						v := float64(got[(g*tc.K+k)*tc.N+j])
+						e := v - want
+						num += e * e
+						den += want * want
+						if math.IsNaN(v) || math.Abs(e) > 0.05*math.Sqrt(float64(n)+1)+0.01*math.Abs(want) || (n == 0 && !tc.acc && v != 0) {
+							if bad < 5 {
+								t.Errorf("dw[%d,%d,%d] = %v, want %v", g, k, j, v, want)
+							}
+							bad++
+						}
+					}
+				}
+				row += int(n)
+			}
+			t.Logf("relative error %.3g, %d bad", math.Sqrt(num/den), bad)
+			for _, v := range []*device.Tensor{x, dy, sz, st, dw} {
+				v.Free()
+			}
+		})
+	}
+}
+
+func BenchmarkWeightGrad(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		G, M, K, N int
+	}{
+		{"dsv3_wi", 32, 65536, 7168, 4096},
+		{"dsv3_wo", 32, 65536, 2048, 7168},
+		{"mixtral_wi", 8, 32768, 4096, 28672},
+		{"qwen3_wi", 128, 32768, 2048, 1536},
+		{"qwen3_small", 128, 2048, 2048, 1536},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			d := dt.GPU(b)
+			if err := Supported(d); err != nil {
+				b.Skip(err)
+			}
+			s := d.Stream()
+			x := dt.Must(s.Alloc(device.BF16, c.M, c.K))
+			dy := dt.Must(s.Alloc(device.BF16, c.M, c.N))
+			dw := dt.Must(s.Alloc(device.BF16, c.G, c.K, c.N))
+			randomize(b, s, x)
+			randomize(b, s, dy)
+			sizes := make([]int32, c.G)
+			for i := range sizes {
+				sizes[i] = int32(c.M / c.G)
+			}
+			sz := dt.Must(device.FromSlice(s, device.I32, sizes, c.G))
+			st := dt.Must(s.Alloc(device.I32, 4))
+			dt.NoErr(b, device.Fill(s, st, 0))
+			dt.NoErr(b, WeightGrad(s, dw, x, dy, sz, st, false))
+			dt.NoErr(b, s.Synchronize())
+			b.ResetTimer()
+			for range b.N {
+				dt.NoErr(b, WeightGrad(s, dw, x, dy, sz, st, false))
+			}
+			dt.NoErr(b, s.Synchronize())
+			b.ReportMetric(2*float64(c.M)*float64(c.K)*float64(c.N)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
+			for _, v := range []*device.Tensor{x, dy, dw, sz, st} {
+				v.Free()
+			}
+		})
+	}
+}

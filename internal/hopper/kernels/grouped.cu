@@ -1,0 +1,490 @@
+#include "dtype.cuh"
+// Hopper (sm_90a) grouped GEMM for ragged_dot: y[M, N] = A[M, Kc] · B_g for the rows of each
+// group g, bf16 operands, f32 accumulation, bf16 or f32 output.
+//
+// A is K-major (row-major [M, Kc]), loaded by TMA in 128×64 boxes with 128-byte swizzle.
+// B_g comes from a 3-D tensor map over the weights [G, ·, ·]:
+//   K-major (BMN = 0): box {64 contraction, 256 output} — w[G,N,K] forward, w[G,K,N] input gradient;
+//   MN-major (BMN = 1): four boxes {64 output, 64 contraction} — w[G,K,N] forward.
+// A persistent grid walks a linear tile index over all groups (each group's m-tiles inner,
+// so CTAs running together share a weight tile); group offsets are prefix sums computed from
+// the sizes on the device. One producer warp issues TMA into a 4-stage ring guarded by
+// mbarriers; two consumer warpgroups each run m64n256k16 wgmma on 64 of the tile's 128 rows.
+// Rows past a group's end and columns past N are masked in the epilogue; TMA zero-fills
+// reads past the tensors' ends, so any M, any Kc, N ≥ 1 work (strides must be 16-byte multiples).
+// Invalid sizes (negative, or summing past M) set status and write nothing.
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct __align__(64) dl_tmap {
+    u64 v[16];
+};
+
+#define HB_BM 128
+#define HB_BN 256
+#define HB_BK 64
+#define HB_STAGES 4
+#define HB_A_BYTES (HB_BM * HB_BK * 2)
+#define HB_B_BYTES (HB_BN * HB_BK * 2)
+#define HB_STAGE_BYTES (HB_A_BYTES + HB_B_BYTES)
+#define HB_MAXG 1024
+
+// Tail: zero rows [sum(sizes), M) of y. Does nothing for invalid sizes.
+extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32) {
+    __shared__ int tot;
+    if (threadIdx.x == 0) {
+        long long s = 0;
+        int ok = 1;
+        for (int g = 0; g < G; g++) {
+            int v = sizes[g];
+            if (v < 0) ok = 0;
+            s += v;
+        }
+        tot = (ok && s <= M) ? (int)s : M;
+    }
+    __syncthreads();
+    u64 start = (u64)tot * N, end = (u64)M * N;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = start + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < end; i += stride) {
+        if (f32) ((float *)y)[i] = 0.f;
+        else ((unsigned short *)y)[i] = 0;
+    }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ u32 hb_smem(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void hb_mbar_init(u64 *bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(hb_smem(bar)), "r"(count));
+}
+__device__ __forceinline__ void hb_mbar_expect_tx(u64 *bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(hb_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void hb_mbar_arrive(u64 *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(hb_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void hb_mbar_wait(u64 *bar, u32 parity) {
+    u32 ok = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(hb_smem(bar)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+__device__ __forceinline__ void hb_tma2d(void *dst, const dl_tmap *tm, int c0, int c1, u64 *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(hb_smem(dst)),
+        "l"((u64)tm), "r"(hb_smem(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+__device__ __forceinline__ void hb_tma3d(void *dst, const dl_tmap *tm, int c0, int c1, int c2, u64 *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(hb_smem(dst)),
+        "l"((u64)tm), "r"(hb_smem(bar)), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ u64 hb_desc(const void *p, u32 lbo, u32 sbo) {
+    u64 d = (u64)((hb_smem(p) & 0x3FFFF) >> 4);
+    d |= (u64)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (u64)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (u64)1 << 62;
+    return d;
+}
+
+// wgmma m64n256k16, bf16 operands from shared memory, f32 accumulators in d[128].
+// TA, TB: 0 when the operand is K-major, 1 when MN-major. scale_d == 0 zeroes the accumulators first.
+template <int TA, int TB>
+__device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+// The group of linear tile index tile: the largest g with tstart[g] <= tile.
+__device__ __forceinline__ int hb_group(const int *tstart, int G, int tile) {
+    int lo = 0, hi = G - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (tstart[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <int BMN, int F32OUT>
+__device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
+                                           int Kc, int *status) {
+    extern __shared__ unsigned char hb_raw[];
+    unsigned char *smem = (unsigned char *)(((u64)hb_raw + 1023) & ~(u64)1023);
+    u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
+    u64 *empty = full + HB_STAGES;
+    int *tstart = (int *)(empty + HB_STAGES);
+    int *rstart = tstart + (HB_MAXG + 1);
+    __shared__ int bad;
+    const int tid = threadIdx.x;
+    const int ntn = (N + HB_BN - 1) / HB_BN;
+    if (tid == 0) {
+        int t = 0, r = 0, err = 0, eg = 0, ev = 0;
+        for (int g = 0; g < G && !err; g++) {
+            int sz = sizes[g];
+            tstart[g] = t;
+            rstart[g] = r;
+            if (sz < 0) {
+                err = 1, eg = g, ev = sz;
+            } else if (sz > M - r) {
+                err = 2, eg = g, ev = r + sz;
+            } else {
+                r += sz;
+                t += ((sz + HB_BM - 1) / HB_BM) * ntn;
+            }
+        }
+        tstart[G] = t;
+        rstart[G] = r;
+        bad = err;
+        if (err && blockIdx.x == 0) {
+            status[1] = eg;
+            status[2] = ev;
+            __threadfence();
+            status[0] = err;
+        }
+        for (int s = 0; s < HB_STAGES; s++) {
+            hb_mbar_init(&full[s], 1);
+            hb_mbar_init(&empty[s], 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (bad) return;
+    const int total = tstart[G];
+    const int nkb = (Kc + HB_BK - 1) / HB_BK;
+    const int wg = tid / 128;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+                int g = hb_group(tstart, G, tile);
+                int local = tile - tstart[g];
+                int mtiles = (sizes[g] + HB_BM - 1) / HB_BM;
+                int mt = local % mtiles, nt = local / mtiles;
+                int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
+                for (int kb = 0; kb < nkb; kb++, it++) {
+                    int st = it % HB_STAGES;
+                    u32 ph = (it / HB_STAGES) & 1;
+                    hb_mbar_wait(&empty[st], ph ^ 1);
+                    unsigned char *sa = smem + st * HB_STAGE_BYTES;
+                    unsigned char *sb = sa + HB_A_BYTES;
+                    hb_mbar_expect_tx(&full[st], HB_STAGE_BYTES);
+                    hb_tma2d(sa, tmA, kb * HB_BK, row0, &full[st]);
+                    if (BMN) {
+#pragma unroll
+                        for (int j = 0; j < 4; j++) hb_tma3d(sb + j * 8192, tmB, n0 + 64 * j, kb * HB_BK, g, &full[st]);
+                    } else {
+                        hb_tma3d(sb, tmB, kb * HB_BK, n0, g, &full[st]);
+                    }
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = wg - 1;
+        const int w = (tid % 128) / 32, lane = tid % 32;
+        float d[128];
+        int it = 0, prev = 0;
+        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            int g = hb_group(tstart, G, tile);
+            int local = tile - tstart[g];
+            int sz = sizes[g];
+            int mtiles = (sz + HB_BM - 1) / HB_BM;
+            int mt = local % mtiles, nt = local / mtiles;
+            int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
+            int rows = min(HB_BM, sz - mt * HB_BM);
+            for (int kb = 0; kb < nkb; kb++, it++) {
+                int st = it % HB_STAGES;
+                u32 ph = (it / HB_STAGES) & 1;
+                hb_mbar_wait(&full[st], ph);
+                unsigned char *sa = smem + st * HB_STAGE_BYTES + c * (64 * 128);
+                unsigned char *sb = smem + st * HB_STAGE_BYTES + HB_A_BYTES;
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    u64 da = hb_desc(sa + kk * 32, 0, 1024);
+                    if (BMN) {
+                        u64 db = hb_desc(sb + kk * 2048, 8192, 1024);
+                        dl_wgmma_m64n256k16<0, 1>(d, da, db, (kb | kk) != 0);
+                    } else {
+                        u64 db = hb_desc(sb + kk * 32, 0, 1024);
+                        dl_wgmma_m64n256k16<0, 0>(d, da, db, (kb | kk) != 0);
+                    }
+                }
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                // Keep one batch in flight: release the previous stage once its batch is done.
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (kb > 0) hb_mbar_arrive(&empty[prev]);
+                prev = st;
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (nkb > 0) hb_mbar_arrive(&empty[prev]);
+            // Epilogue: thread holds rows r and r+8, columns 8j + 2(lane%4) + {0,1}.
+            int r = c * 64 + w * 16 + lane / 4;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int rr = r + 8 * h;
+                if (rr >= rows) continue;
+                u64 rowoff = (u64)(row0 + rr) * N;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    int col = n0 + 8 * j + 2 * (lane % 4);
+                    float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+                    if (F32OUT) {
+                        float *yp = (float *)y + rowoff + col;
+                        if (col + 1 < N) {
+                            *(float2 *)yp = make_float2(v0, v1);
+                        } else if (col < N) {
+                            yp[0] = v0;
+                        }
+                    } else {
+                        unsigned short *yp = (unsigned short *)y + rowoff + col;
+                        unsigned short b0 = dl_f32_to_bf16(v0), b1 = dl_f32_to_bf16(v1);
+                        if (col + 1 < N) {
+                            *(u32 *)yp = (u32)b0 | ((u32)b1 << 16);
+                        } else if (col < N) {
+                            yp[0] = b0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Weight gradient: dw[g] (K×N) = x_gᵀ · dy_g, contracting over the group's rows. Both operands
+// are MN-major: x [M,K] gives A = x_gᵀ in 2 boxes {64 K, 64 rows}, dy [M,N] gives B in 4 boxes
+// {64 N, 64 rows}. Rows of the last block past the group's end belong to the next group: each
+// consumer zeroes them in its A box before the wgmma. An empty group writes zeros (or leaves dw
+// unchanged when accumulating). ACC adds to dw instead of overwriting it.
+// STG: stage the tile in shared memory (128-byte swizzled, 64×64 boxes) and write it with
+// asynchronous TMA stores that overlap the next tile's main loop; bf16 output without
+// accumulation only. Then only 3 stages fit beside the 64 KB staging area.
+template <int F32OUT, int ACC, int STG>
+__device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY, const dl_tmap *tmDW, void *dw, const int *sizes,
+                                         int G, int M, int K, int N, int *status) {
+    constexpr int S = STG ? 3 : HB_STAGES;
+    extern __shared__ unsigned char hb_raw[];
+    unsigned char *smem = (unsigned char *)(((u64)hb_raw + 1023) & ~(u64)1023);
+    unsigned char *stg = smem + S * HB_STAGE_BYTES;
+    u64 *full = (u64 *)(stg + (STG ? 65536 : 0));
+    u64 *empty = full + S;
+    int *rstart = (int *)(empty + S);
+    __shared__ int bad;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        int r = 0, err = 0, eg = 0, ev = 0;
+        for (int g = 0; g < G && !err; g++) {
+            int sz = sizes[g];
+            rstart[g] = r;
+            if (sz < 0) {
+                err = 1, eg = g, ev = sz;
+            } else if (sz > M - r) {
+                err = 2, eg = g, ev = r + sz;
+            } else {
+                r += sz;
+            }
+        }
+        rstart[G] = r;
+        bad = err;
+        if (err && blockIdx.x == 0) {
+            status[1] = eg;
+            status[2] = ev;
+            __threadfence();
+            status[0] = err;
+        }
+        for (int s = 0; s < S; s++) {
+            hb_mbar_init(&full[s], 1);
+            hb_mbar_init(&empty[s], 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (bad) return;
+    const int tk = (K + HB_BM - 1) / HB_BM, tn = (N + HB_BN - 1) / HB_BN;
+    const int total = G * tk * tn;
+    const int wg = tid / 128;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+                int g = tile / (tk * tn), local = tile % (tk * tn);
+                int m0 = (local % tk) * HB_BM, n0 = (local / tk) * HB_BN;
+                int nkb = (sizes[g] + HB_BK - 1) / HB_BK;
+                for (int kb = 0; kb < nkb; kb++, it++) {
+                    int st = it % S;
+                    u32 ph = (it / S) & 1;
+                    hb_mbar_wait(&empty[st], ph ^ 1);
+                    unsigned char *sa = smem + st * HB_STAGE_BYTES;
+                    unsigned char *sb = sa + HB_A_BYTES;
+                    int row = rstart[g] + kb * HB_BK;
+                    hb_mbar_expect_tx(&full[st], HB_STAGE_BYTES);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) hb_tma2d(sa + j * 8192, tmX, m0 + 64 * j, row, &full[st]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) hb_tma2d(sb + j * 8192, tmDY, n0 + 64 * j, row, &full[st]);
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = wg - 1, ct = tid % 128;
+        const int w = ct / 32, lane = tid % 32;
+        float d[128];
+        int it = 0, prev = 0;
+        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            int g = tile / (tk * tn), local = tile % (tk * tn);
+            int m0 = (local % tk) * HB_BM, n0 = (local / tk) * HB_BN;
+            int sz = sizes[g];
+            int nkb = (sz + HB_BK - 1) / HB_BK;
+            if (nkb == 0) {
+                if (ACC) continue;
+#pragma unroll
+                for (int i = 0; i < 128; i++) d[i] = 0.f;
+            }
+            for (int kb = 0; kb < nkb; kb++, it++) {
+                int st = it % S;
+                u32 ph = (it / S) & 1;
+                hb_mbar_wait(&full[st], ph);
+                unsigned char *sa = smem + st * HB_STAGE_BYTES + c * 8192;
+                unsigned char *sb = smem + st * HB_STAGE_BYTES + HB_A_BYTES;
+                int valid = sz - kb * HB_BK;
+                if (valid < HB_BK) {
+                    uint4 z = make_uint4(0, 0, 0, 0);
+                    for (int i = valid * 8 + ct; i < HB_BK * 8; i += 128) ((uint4 *)sa)[i] = z;
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+                }
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    u64 da = hb_desc(sa + kk * 2048, 8192, 1024);
+                    u64 db = hb_desc(sb + kk * 2048, 8192, 1024);
+                    dl_wgmma_m64n256k16<1, 1>(d, da, db, (kb | kk) != 0);
+                }
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                // Keep one batch in flight: release the previous stage once its batch is done.
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (kb > 0) hb_mbar_arrive(&empty[prev]);
+                prev = st;
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (nkb > 0) hb_mbar_arrive(&empty[prev]);
+            if (STG) {
+                unsigned char *mine = stg + c * 32768;
+                if (ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int rr = w * 16 + lane / 4 + 8 * h;
+#pragma unroll
+                    for (int j = 0; j < 32; j++) {
+                        int cc = 8 * j + 2 * (lane % 4);
+                        int chunk = ((cc & 63) >> 3) ^ (rr & 7);
+                        u32 v = (u32)dl_f32_to_bf16(d[4 * j + 2 * h]) | ((u32)dl_f32_to_bf16(d[4 * j + 2 * h + 1]) << 16);
+                        *(u32 *)(mine + (cc >> 6) * 8192 + rr * 128 + chunk * 16 + (cc & 7) * 2) = v;
+                    }
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+                if (ct == 0) {
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        if (n0 + 64 * b < N && m0 + 64 * c < K)
+                            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((u64)tmDW),
+                                         "r"(hb_smem(mine + b * 8192)), "r"(n0 + 64 * b), "r"(m0 + 64 * c), "r"(g)
+                                         : "memory");
+                    }
+                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                }
+                continue;
+            }
+            int r = c * 64 + w * 16 + lane / 4;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int rr = m0 + r + 8 * h;
+                if (rr >= K) continue;
+                u64 rowoff = ((u64)g * K + rr) * N;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    int col = n0 + 8 * j + 2 * (lane % 4);
+                    float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+                    if (F32OUT) {
+                        float *yp = (float *)dw + rowoff + col;
+                        if (col + 1 < N) {
+                            if (ACC) {
+                                float2 o = *(float2 *)yp;
+                                v0 += o.x, v1 += o.y;
+                            }
+                            *(float2 *)yp = make_float2(v0, v1);
+                        } else if (col < N) {
+                            yp[0] = ACC ? yp[0] + v0 : v0;
+                        }
+                    } else {
+                        unsigned short *yp = (unsigned short *)dw + rowoff + col;
+                        if (col + 1 < N) {
+                            if (ACC) {
+                                u32 o = *(u32 *)yp;
+                                v0 += dl_bf16_to_f32((unsigned short)o), v1 += dl_bf16_to_f32((unsigned short)(o >> 16));
+                            }
+                            *(u32 *)yp = (u32)dl_f32_to_bf16(v0) | ((u32)dl_f32_to_bf16(v1) << 16);
+                        } else if (col < N) {
+                            yp[0] = dl_f32_to_bf16(ACC ? dl_bf16_to_f32(yp[0]) + v0 : v0);
+                        }
+                    }
+                }
+            }
+        }
+        if (STG && ct == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    }
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status);
+#else
+#define HB_BODY(BMN, F32)
+#endif
+
+#define HB_KERNEL(NAME, BMN, F32)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+        NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
+             int M, int N, int Kc, int *status) {                                                                        \
+        HB_BODY(BMN, F32)                                                                                                \
+    }
+
+HB_KERNEL(dl_hopper_kmaj_bf16, 0, 0)
+HB_KERNEL(dl_hopper_kmaj_f32, 0, 1)
+HB_KERNEL(dl_hopper_mnmaj_bf16, 1, 0)
+HB_KERNEL(dl_hopper_mnmaj_f32, 1, 1)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HB_WBODY(F32, ACC, STG) hb_wgrad<F32, ACC, STG>(&tmX, &tmDY, &tmDW, dw, sizes, G, M, K, N, status);
+#else
+#define HB_WBODY(F32, ACC, STG)
+#endif
+
+#define HB_WKERNEL(NAME, F32, ACC, STG)                                                                               \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                             \
+        NAME(const __grid_constant__ dl_tmap tmX, const __grid_constant__ dl_tmap tmDY, const __grid_constant__ dl_tmap tmDW, \
+             void *dw, const int *sizes, int G, int M, int K, int N, int *status) {                                    \
+        HB_WBODY(F32, ACC, STG)                                                                                       \
+    }
+
+HB_WKERNEL(dl_hopper_wgrad_bf16, 0, 0, 1)
+HB_WKERNEL(dl_hopper_wgrad_f32, 1, 0, 0)
+HB_WKERNEL(dl_hopper_wgrad_bf16_acc, 0, 1, 0)
+HB_WKERNEL(dl_hopper_wgrad_f32_acc, 1, 1, 0)
