@@ -3,7 +3,7 @@ module github.com/dropless/dropless
 go 1.26
 
 require (
-	github.com/ebitengine/purego v0.11.3 // indirect
-	github.com/google/go-cmp v0.7.0 // indirect
-	gonum.org/v1/gonum v0.17.0 // indirect
+	github.com/ebitengine/purego v0.11.3
+	github.com/google/go-cmp v0.7.0
+	gonum.org/v1/gonum v0.17.0
 )
