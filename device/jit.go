@@ -97,6 +97,9 @@ func Target(cc int) (string, error) {
 // Compile compiles p for target (see Target) and returns the image and NVRTC's log.
 // It needs NVRTC, not a GPU. A failed compile is an error holding NVRTC's log.
 func (p *Program) Compile(target string) (image []byte, ptx bool, log string, err error) {
+	if err := cuda.LoadNVRTC(); err != nil {
+		return nil, false, "", err
+	}
 	opts := append([]string{"--gpu-architecture=" + target, "--std=c++17"}, p.Options...)
 	headers := Headers()
 	key, cacheDir := p.cacheKey(opts, headers)

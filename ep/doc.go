@@ -1,4 +1,63 @@
 // Package ep moves tokens between the ranks of an expert-parallel MoE layer: dispatch
 // sends each token once to every rank that holds one of its experts, combine brings the
 // weighted expert outputs back, over NCCL between GPUs or an in-process transport.
+//
+// R ranks hold E experts, E/R each: rank r holds experts [r·E/R, (r+1)·E/R). Each rank
+// has T tokens (T may differ between ranks, and be 0) routed by topk_idx (I32 [T, K],
+// expert ids, -1 for none) with weights (F32 [T, K]).
+//
+// # Steps
+//
+// Group.Layout reads the routing on the device: which ranks each token goes to (a token
+// counts once per rank that holds any of its experts: the deduplication), how many
+// entries each expert gets. One small all-gather of these counts tells every rank what
+// every rank receives, so each knows its demand before any payload moves, and all make
+// the same capacity decision. Layout then tells each rank the routing of the rows it
+// will receive (one all-to-all-v of K+1 ints per row) and places them in expert-major
+// order.
+//
+// Layout.Dispatch sends each (token, rank) pair once and, on arrival, replicates the
+// token into the expert-major buffer Dispatched.X ([Capacity, H]: rows of local expert
+// 0, then 1, ...; within an expert by source rank, token, k), ready for a ragged matrix
+// product with the group sizes Layout.Counts. The routing weights travel with it.
+//
+// Layout.Combine multiplies each expert output by its weight and sums them per token on
+// the expert's rank, sends each (token, rank) partial sum back once, and adds the
+// partial sums on the token's rank in rank order, in float32. Every sum has a fixed
+// order, with no atomics and no fused multiply-adds: results are bit-identical across
+// runs, schedules and devices.
+//
+// The backward passes reuse the layout: CombineBackward is a dispatch of the output
+// gradient (scaled by the weights, with the weight gradients ⟨y, dout⟩ per row), and
+// DispatchBackward is a combine of the row gradients (plus the weight gradients sent
+// back to their tokens).
+//
+// # Capacity
+//
+// The expert-major buffers have Capacity rows: Dropless (the worst case, the default),
+// Exact (this step's demand), Factor(f) over the balanced load, or Rows(n). When a rank
+// is routed more rows than that, Config.Overflow decides: Error (the default) fails
+// Layout on every rank with a *CapacityError that names the size needed, at once or
+// every Config.CheckEvery steps; Drop keeps the rows that fit in expert-major order and
+// counts the others, which contribute zero. Nothing traps on the device and nothing is
+// cut silently.
+//
+// # Transports
+//
+// A Transport moves tensors among the ranks. NewWorld makes R ranks in one process
+// (goroutines, on the CPU or GPUs through host memory): the embedded default and the
+// test bed, which counts the bytes between each pair of ranks. NewNCCL, NewNCCLWorld
+// and InitFromEnv use NCCL (libnccl.so.2 or $DROPLESS_NCCL, 2.23 or later, loaded at run
+// time): one process per GPU with the id published over TCP from rank 0 as torchrun's
+// variables say, or one process driving several GPUs. All-to-all-v is a group of
+// ncclSend and ncclRecv on the op's stream. A rank that dies or never arrives makes the
+// others fail within the timeout ($DROPLESS_EP_TIMEOUT), not hang: the rendezvous has
+// deadlines, communicators are non-blocking, and host waits poll with a deadline, then
+// abort the communicator.
+//
+// # Streams
+//
+// Each op is enqueued on the caller's stream and on a second stream of the Group for
+// transfers, with events between them; only Layout waits for the device (for the
+// counts). On the CPU every op runs when called.
 package ep

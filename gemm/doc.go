@@ -2,4 +2,50 @@
 // rows of x sorted by group (expert) are multiplied by their group's weight matrix, with
 // group sizes held in a tensor on the device. Forward, input-gradient and weight-gradient
 // forms run on the CPU and on CUDA GPUs.
+//
+// # Forms
+//
+// With G groups, sizes an I32[G] tensor and rows of x sorted by group (group g owns
+// sizes[g] rows after those of groups 0..g-1):
+//
+//	RaggedDot:           y[M,N]  = x_g[·,K] · w[g]     for each group's rows
+//	RaggedDotInputGrad:  dx[M,K] = dy_g[·,N] · w[g]ᵀ
+//	RaggedDotWeightGrad: dw[g]   = x_gᵀ · dy_g        (dw[G,K,N]; Options.Accumulate adds)
+//
+// w is [G,K,N] (layout KN) or [G,N,K] (layout NK, PyTorch's Linear): a flag, not a
+// copy. Operands are BF16 or F32 (both the same), outputs BF16 or F32, and products are
+// summed in f32. Rows past sum(sizes) are written as zeros and contribute nothing to
+// weight gradients; the weight gradient of an empty group is exactly zero. Any M, K,
+// N ≥ 0 work; K and N multiples of 8 pick the fastest GPU kernels.
+//
+// # Sizes stay on the device
+//
+// A GPU call enqueues two kernels on its stream and returns (its small workspace comes
+// from the stream-ordered pool and is freed in stream order): a one-block kernel reads
+// the sizes, checks them and writes the group offsets and the tile schedule into a
+// workspace; a persistent GEMM kernel then finds each tile's group from them. Nothing
+// is copied to the host and nothing waits, so a call can be captured in a Graph.
+// Invalid sizes (a negative size, or a sum past M) cannot then be returned as errors:
+// the kernels record them in a Status and write nothing. Pass Options.Status, or check
+// the device's own status with CheckStatus (and clear it with ResetStatus). On the CPU
+// a call returns the error at once; a CPU call replayed from a Graph records it like a
+// GPU call.
+//
+// # Kernels
+//
+// bf16 operands run on tensor cores: mma.sync m16n8k16 with f32 accumulators, fed by
+// ldmatrix from a 4-stage cp.async shared-memory ring, 128×256 block tiles of 8 warps
+// (32×128 tiles of 4 warps when groups average fewer than 96 rows, so that each weight
+// byte is read about once). Tiles of a group are ordered row-tile fastest, so that
+// blocks sharing a weight tile run together; each block runs its tiles through one
+// pipeline, loading the next tile while it finishes the last, and skips the tensor-core
+// work of rows past its group's end 16 rows at a time. Unaligned shapes (K or N not a multiple of
+// 8, or unaligned views) take element loads instead of 16-byte copies. f32 operands run
+// an exact f32 FMA kernel; Options.TF32 is accepted and currently changes nothing.
+// Results are deterministic: each output element is summed by one thread in a fixed
+// order, with no split-K atomics. The kernels need compute capability 8.0 or newer;
+// they are tuned for the H100 and H200.
+//
+// On the CPU each group is one gonum Sgemm on f32 copies of the operands, groups in
+// parallel. It is the reference the GPU path is tested against.
 package gemm

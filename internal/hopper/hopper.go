@@ -76,7 +76,8 @@ func supported(d *device.Device) error {
 // row-major, contraction contiguous); when true, b is [G,Kc,N]. Rows past sum(sizes)
 // are zeroed. Kc and N must be multiples of 8 (16-byte rows for the tensor maps) and
 // G at most 1024. Invalid sizes set status (I32[4]: code, group, value) and write
-// nothing. Two launches on s; nothing is copied to the host.
+// nothing (status may be nil: then invalid sizes only write nothing). Two launches on s;
+// nothing is copied to the host.
 func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
@@ -125,7 +126,7 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 		return err
 	}
 	if err := k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), status); err != nil {
+		int32(G), int32(M), int32(N), int32(Kc), statusArg(status)); err != nil {
 		return err
 	}
 	return z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32)
@@ -134,8 +135,8 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and
 // dy [M,N] given by sizes (I32[G] on the device), adding to dw when acc is set. x and dy
 // are BF16; dw is BF16 or F32. An empty group's dw is exactly zero (left as is with acc).
-// K and N must be multiples of 8 and G at most 1024. Invalid sizes set status and write
-// nothing. One launch on s; nothing is copied to the host.
+// K and N must be multiples of 8 and G at most 1024. Invalid sizes set status (if not
+// nil) and write nothing. One launch on s; nothing is copied to the host.
 func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
@@ -173,5 +174,12 @@ func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc b
 		return err
 	}
 	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmX, tmDY, tmDW, dw, sizes,
-		int32(G), int32(M), int32(K), int32(N), status)
+		int32(G), int32(M), int32(K), int32(N), statusArg(status))
+}
+
+func statusArg(t *device.Tensor) any {
+	if t == nil {
+		return uint64(0)
+	}
+	return t
 }

@@ -147,7 +147,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         tstart[G] = t;
         rstart[G] = r;
         bad = err;
-        if (err && blockIdx.x == 0) {
+        if (err && blockIdx.x == 0 && status) {
             status[1] = eg;
             status[2] = ev;
             __threadfence();
@@ -299,7 +299,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
         }
         rstart[G] = r;
         bad = err;
-        if (err && blockIdx.x == 0) {
+        if (err && blockIdx.x == 0 && status) {
             status[1] = eg;
             status[2] = ev;
             __threadfence();

@@ -1,0 +1,208 @@
+package ep_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dropless/dropless/device"
+	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/ep"
+)
+
+var (
+	benchOnce sync.Once
+	benchNCCL []ep.Transport
+	benchErr  error
+)
+
+// BenchmarkDispatchCombine times Dispatch followed by Combine (identity experts) with
+// uniform and Zipf(1.1)-skewed routing under the Dropless capacity. On the CPU: two
+// in-process ranks, T = 512 tokens each, H = 256 bf16, E = 16, K = 4. On GPUs: two GPUs
+// over NCCL, T = 16384 tokens per rank, H = 7168 bf16, E = 64, K = 8. It reports per
+// step the milliseconds of dispatch + combine and of each, the bytes rank 0 sent in
+// Dispatch (rows and their weights) and their ratio to T·K·row bytes (the rows of all
+// routing entries, which an all-to-all without deduplication moves, (R-1)/R of them to
+// other ranks), and the rate of the bytes rank 0 sent in both.
+func BenchmarkDispatchCombine(b *testing.B) {
+	for _, d := range dt.Devices(b) {
+		for _, route := range []string{"uniform", "zipf"} {
+			b.Run(fmt.Sprintf("%v/%s", d, route), func(b *testing.B) {
+				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: route, seed: 41}
+				var trs []ep.Transport
+				if d.IsCUDA() {
+					devs := twoGPUs(b)
+					benchOnce.Do(func() { benchNCCL, benchErr = ep.NewNCCLWorld(devs, 120*time.Second) })
+					dt.NoErr(b, benchErr)
+					trs = benchNCCL
+					sc = scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: route, seed: 42}
+				} else {
+					w, err := ep.NewWorld(sc.R)
+					dt.NoErr(b, err)
+					for r := range sc.R {
+						trs = append(trs, w.Transport(r))
+					}
+				}
+				benchDC(b, trs, sc)
+			})
+		}
+	}
+}
+
+type benchResult struct {
+	dispatch, combine time.Duration
+	sentD, sentC      int64 // bytes sent by Dispatch and by Combine
+	plain             int64 // T·K·row bytes
+}
+
+func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
+	r := dt.Rand(sc.seed)
+	zipf := zipfWeights(r, sc.E)
+	ph := newPhaser(len(trs))
+	res := make([]benchResult, len(trs))
+	errs := make([]error, len(trs))
+	var wg sync.WaitGroup
+	for i, tr := range trs {
+		idx := make([]int32, 0, sc.T[i]*sc.K)
+		for range sc.T[i] {
+			idx = append(idx, route(r, sc, zipf)...)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = benchRank(tr, sc, idx, b.N, ph)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	n := float64(b.N)
+	r0 := res[0]
+	total := r0.dispatch + r0.combine
+	b.ReportMetric(float64(total.Microseconds())/1e3/n, "ms/step")
+	b.ReportMetric(float64(r0.dispatch.Microseconds())/1e3/n, "ms/dispatch")
+	b.ReportMetric(float64(r0.combine.Microseconds())/1e3/n, "ms/combine")
+	b.ReportMetric(float64(r0.sentD)/1e6, "MB-sent/dispatch")
+	b.ReportMetric(float64(r0.sentD)/float64(r0.plain), "dispatch/TKrows")
+	b.ReportMetric(float64(r0.sentD+r0.sentC)*n/total.Seconds()/1e9, "GB/s")
+}
+
+func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (benchResult, error) {
+	var res benchResult
+	d := tr.Device()
+	s, err := d.NewStream()
+	if err != nil {
+		return res, err
+	}
+	defer s.Close()
+	g, err := ep.NewGroup(tr, sc.cfg())
+	if err != nil {
+		return res, err
+	}
+	defer g.Close()
+	T, K, H := sc.T[tr.Rank()], sc.K, sc.H
+	idx, err := device.FromSlice(s, device.I32, idxv, T, K)
+	if err != nil {
+		return res, err
+	}
+	defer idx.Free()
+	w, err := s.Alloc(device.F32, T, K)
+	if err != nil {
+		return res, err
+	}
+	defer w.Free()
+	x, err := s.Alloc(sc.dt, T, H)
+	if err != nil {
+		return res, err
+	}
+	defer x.Free()
+	if err := device.Fill(s, w, 0.125); err != nil {
+		return res, err
+	}
+	if err := device.Fill(s, x, 0.5); err != nil {
+		return res, err
+	}
+	l, err := g.Layout(s, idx)
+	if err != nil {
+		return res, err
+	}
+	defer l.Free()
+	rowB := int64(H * sc.dt.Size())
+	for p, c := range l.TokensTo() {
+		if p != tr.Rank() {
+			res.sentD += int64(c) * (rowB + int64(4*K))
+		}
+	}
+	for p, c := range l.TokensFrom() {
+		if p != tr.Rank() {
+			res.sentC += int64(c) * rowB
+		}
+	}
+	res.plain = int64(T*K) * rowB
+	step := func(e0, e1, e2 *device.Event) error {
+		if e0 != nil {
+			if err := e0.Record(s); err != nil {
+				return err
+			}
+		}
+		D, err := l.Dispatch(s, x, w)
+		if err != nil {
+			return err
+		}
+		if e1 != nil {
+			if err := e1.Record(s); err != nil {
+				return err
+			}
+		}
+		out, err := l.Combine(s, D.X, D.Weights)
+		if err != nil {
+			return err
+		}
+		if e2 != nil {
+			if err := e2.Record(s); err != nil {
+				return err
+			}
+		}
+		D.Free()
+		return out.Free()
+	}
+	for range 2 { // warm up: kernels compiled, pool grown, NCCL connected
+		if err := step(nil, nil, nil); err != nil {
+			return res, err
+		}
+	}
+	if err := tr.Sync(s); err != nil {
+		return res, err
+	}
+	evs := make([]*device.Event, 3*n)
+	for i := range evs {
+		if evs[i], err = d.NewEvent(); err != nil {
+			return res, err
+		}
+		defer evs[i].Close()
+	}
+	if err := ph.wait(); err != nil {
+		return res, err
+	}
+	for i := range n {
+		if err := step(evs[3*i], evs[3*i+1], evs[3*i+2]); err != nil {
+			return res, err
+		}
+	}
+	if err := tr.Sync(s); err != nil {
+		return res, err
+	}
+	for i := range n {
+		a, err1 := evs[3*i+1].Since(evs[3*i])
+		c, err2 := evs[3*i+2].Since(evs[3*i+1])
+		if err := errors.Join(err1, err2); err != nil {
+			return res, err
+		}
+		res.dispatch += a
+		res.combine += c
+	}
+	return res, nil
+}

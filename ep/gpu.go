@@ -1,0 +1,275 @@
+package ep
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+
+	"github.com/dropless/dropless/device"
+)
+
+//go:embed kernels/ep.cu
+var kernelSrc string
+
+// Kernels is the program of the package's CUDA kernels (ep/kernels/ep.cu).
+var Kernels = device.NewProgram("ep.cu", kernelSrc)
+
+// gpuBackend launches the kernels of Kernels.
+type gpuBackend struct{ dev *device.Device }
+
+const (
+	block      = 256 // threads per block
+	rowWarps   = 8   // warps per block of the row kernels: block/32
+	maxEntries = 1024
+)
+
+// opt passes a tensor that may be nil as a kernel argument (a null pointer).
+func opt(t *device.Tensor) any {
+	if t == nil {
+		return uint64(0)
+	}
+	return t
+}
+
+func (b *gpuBackend) launch(s *device.Stream, name string, grid, smem int, args ...any) error {
+	k, err := b.dev.Kernel(Kernels, name)
+	if err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(grid), device.D1(block), smem, args...)
+}
+
+// rowGrid is the grid of a row kernel over n rows: a warp per row, at most 4 blocks
+// (half the threads) per multiprocessor, the rest looping, so that NCCL's kernels on
+// the transfer stream find room beside them.
+func (b *gpuBackend) rowGrid(n int) int {
+	return max(1, min((n+rowWarps-1)/rowWarps, 4*b.dev.Multiprocessors()))
+}
+
+func blocks(n int) int { return max(1, (n+block-1)/block) }
+
+// aligned reports whether every tensor starts on a multiple of a bytes.
+func aligned(a int, ts ...*device.Tensor) bool {
+	for _, t := range ts {
+		if t != nil && t.Ptr()%uintptr(a) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// vecName picks the widest unit, 16, 4 or 1 bytes, that divides the rows and the bases.
+func vecName(rb int, ts ...*device.Tensor) string {
+	switch {
+	case rb%16 == 0 && aligned(16, ts...):
+		return "v16"
+	case rb%4 == 0 && aligned(4, ts...):
+		return "v4"
+	}
+	return "v1"
+}
+
+// vec8 reports whether the arithmetic kernels may move 8 elements as 16-byte words.
+func vec8(h int, ts ...*device.Tensor) int32 {
+	if h%8 == 0 && aligned(16, ts...) {
+		return 1
+	}
+	return 0
+}
+
+func dtName(dt device.DType) (string, error) {
+	switch dt {
+	case device.F32:
+		return "f32", nil
+	case device.BF16:
+		return "bf16", nil
+	case device.F16:
+		return "f16", nil
+	}
+	return "", fmt.Errorf("ep: no GPU arithmetic for %v", dt)
+}
+
+func i32(n int) int32 { return int32(n) }
+
+// chunkRows returns the rows per block of the counting sort for entries of width w.
+func chunkRows(w int) int { return max(1, min(64, maxEntries/w)) }
+
+// sort runs the counting sort of keys (n rows of w keys, row stride stride) over nkeys
+// keys: total gets each key's count; pos (if not nil) the positions, capped at capacity;
+// kept (if not nil) each key's entries below capacity.
+func (b *gpuBackend) sort(s *device.Stream, keys *device.Tensor, n, w, stride, nkeys, capacity int, pos, total, kept *device.Tensor) error {
+	if n == 0 {
+		for _, t := range []*device.Tensor{total, kept} {
+			if t != nil {
+				if err := device.Fill(s, t, 0); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	cr := chunkRows(w)
+	nb := (n + cr - 1) / cr
+	cnt, err := s.Alloc(device.I32, nb, nkeys)
+	if err != nil {
+		return err
+	}
+	defer cnt.Free()
+	if err := b.launch(s, "ep_sort_count", nb, 4*nkeys, keys, i32(n), i32(w), i32(stride), i32(nkeys), i32(cr), cnt); err != nil {
+		return err
+	}
+	if err := b.launch(s, "ep_sort_scan", nkeys, 0, cnt, i32(nb), i32(nkeys), total); err != nil {
+		return err
+	}
+	if pos == nil && kept == nil {
+		return nil
+	}
+	off, err := s.Alloc(device.I32, nkeys)
+	if err != nil {
+		return err
+	}
+	defer off.Free()
+	k, err := b.dev.Kernel(Kernels, "ep_sort_offsets")
+	if err != nil {
+		return err
+	}
+	if err := k.Launch(s, device.D1(1), device.D1(1), 0, total, i32(nkeys), i32(capacity), off, opt(kept)); err != nil {
+		return err
+	}
+	if pos == nil {
+		return nil
+	}
+	return b.launch(s, "ep_sort_assign", nb, 0, keys, i32(n), i32(w), i32(stride), i32(nkeys), i32(cr), cnt, off, i32(capacity), pos)
+}
+
+func (b *gpuBackend) localCounts(s *device.Stream, idx, sendRow, vec *device.Tensor, E, L int) error {
+	T, K, R := idx.Dim(0), idx.Dim(1), sendRow.Dim(1)
+	tmp := &temps{s: s}
+	defer tmp.free()
+	bad, keys, tok, exp := tmp.alloc(device.I32, 2), tmp.alloc(device.I32, T, R), tmp.alloc(device.I32, R), tmp.alloc(device.I32, E)
+	if tmp.err != nil {
+		return tmp.err
+	}
+	if err := device.Fill(s, bad, math.MaxInt32); err != nil {
+		return err
+	}
+	if T > 0 {
+		if err := b.launch(s, "ep_dest_keys", blocks(T), 0, idx, i32(T), i32(K), i32(E), i32(L), i32(R), keys, bad); err != nil {
+			return err
+		}
+	}
+	if err := b.sort(s, keys, T, R, R, R, math.MaxInt32, sendRow, tok, nil); err != nil {
+		return err
+	}
+	if err := b.sort(s, idx, T, K, K, E, math.MaxInt32, nil, exp, nil); err != nil {
+		return err
+	}
+	return b.launch(s, "ep_count_vec", blocks(R*(4+L)), 0, tok, exp, bad, i32(T), i32(R), i32(L), vec)
+}
+
+func (b *gpuBackend) packMeta(s *device.Stream, idx, sendRow, sendTok, meta *device.Tensor, L int) error {
+	T, K, R := idx.Dim(0), idx.Dim(1), sendRow.Dim(1)
+	if T == 0 {
+		return nil
+	}
+	return b.launch(s, "ep_pack_meta", blocks(T*R), 0, idx, sendRow, i32(T), i32(K), i32(R), i32(L), sendTok, meta)
+}
+
+func (b *gpuBackend) assignSlots(s *device.Stream, meta, slot, counts *device.Tensor, L, capacity int) error {
+	n, K := slot.Dim(0), slot.Dim(1)
+	total, err := s.Alloc(device.I32, L)
+	if err != nil {
+		return err
+	}
+	defer total.Free()
+	return b.sort(s, meta, n, K, K+1, L, capacity, slot, total, counts)
+}
+
+func (b *gpuBackend) origins(s *device.Stream, out, slot, meta *device.Tensor, recvOff []int) error {
+	n, K := slot.Dim(0), slot.Dim(1)
+	if n == 0 {
+		return nil
+	}
+	off := make([]int32, len(recvOff))
+	for i, v := range recvOff {
+		off[i] = int32(v)
+	}
+	ro, err := device.FromSlice(s, device.I32, off, len(off))
+	if err != nil {
+		return err
+	}
+	defer ro.Free()
+	return b.launch(s, "ep_origins", blocks(n*K), 0, out, slot, meta, ro, i32(len(recvOff)-1), int64(n), i32(K))
+}
+
+func (b *gpuBackend) gather(s *device.Stream, dst, src, rowMap *device.Tensor) error {
+	n, rb := dst.Dim(0), rowBytes(dst)
+	if n == 0 || rb == 0 {
+		return nil
+	}
+	return b.launch(s, "ep_gather_"+vecName(rb, dst, src), b.rowGrid(n), 0, dst, src, opt(rowMap), int64(n), int64(rb))
+}
+
+func (b *gpuBackend) replicate(s *device.Stream, X, W, src, srcW, rowMap, slot *device.Tensor) error {
+	n, K, rb := slot.Dim(0), slot.Dim(1), rowBytes(X)
+	if n == 0 {
+		return nil
+	}
+	if W == nil {
+		srcW = nil
+	}
+	return b.launch(s, "ep_replicate_"+vecName(rb, X, src), b.rowGrid(n), 0, X, opt(W), src, opt(srcW), opt(rowMap), slot, int64(n), i32(K), int64(rb))
+}
+
+func (b *gpuBackend) wsum(s *device.Stream, dst, y, w, slot *device.Tensor) error {
+	n, K, H := slot.Dim(0), slot.Dim(1), y.Dim(1)
+	if n == 0 {
+		return nil
+	}
+	dn, err := dtName(y.DType())
+	if err != nil {
+		return err
+	}
+	return b.launch(s, "ep_wsum_"+dn, b.rowGrid(n), 0, dst, y, opt(w), slot, int64(n), i32(K), int64(H), vec8(H, dst, y))
+}
+
+func (b *gpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor) error {
+	T, R, H := out.Dim(0), sendRow.Dim(1), out.Dim(1)
+	if T == 0 {
+		return nil
+	}
+	dn, err := dtName(out.DType())
+	if err != nil {
+		return err
+	}
+	return b.launch(s, "ep_final_sum_"+dn, b.rowGrid(T), 0, out, back, sendRow, int64(T), i32(R), int64(H), vec8(H, out, back))
+}
+
+func (b *gpuBackend) replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot, w, y *device.Tensor) error {
+	n, K, H := slot.Dim(0), slot.Dim(1), dy.Dim(1)
+	if n == 0 {
+		return nil
+	}
+	dn, err := dtName(dy.DType())
+	if err != nil {
+		return err
+	}
+	return b.launch(s, "ep_rscale_"+dn, b.rowGrid(n), 0, dy, opt(dw), src, opt(rowMap), slot, opt(w), opt(y),
+		int64(n), i32(K), int64(H), vec8(H, dy, src, y))
+}
+
+func (b *gpuBackend) dwPack(s *device.Stream, dst, slot, dW *device.Tensor) error {
+	nk := slot.Len()
+	if nk == 0 {
+		return nil
+	}
+	return b.launch(s, "ep_dw_pack", blocks(nk), 0, dst, slot, dW, int64(nk))
+}
+
+func (b *gpuBackend) dwUnpack(s *device.Stream, dweights, idx, sendRow, back *device.Tensor, L int) error {
+	T, K, R := idx.Dim(0), idx.Dim(1), sendRow.Dim(1)
+	if T == 0 {
+		return nil
+	}
+	return b.launch(s, "ep_dw_unpack", blocks(T*K), 0, dweights, idx, sendRow, back, i32(T), i32(K), i32(R), i32(L))
+}

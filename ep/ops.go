@@ -1,0 +1,454 @@
+package ep
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dropless/dropless/device"
+)
+
+// Dispatched is what Dispatch returns on a rank: its experts' rows, grouped by local
+// expert.
+type Dispatched struct {
+	// X is [Capacity, H] of x's dtype: the rows of local expert 0, then those of expert
+	// 1, ..., Counts[j] rows each, ready for a ragged (grouped) matrix product. Within an
+	// expert, rows come by source rank, then source token, then k. Rows past the kept
+	// ones (Layout.Rows) are not written.
+	X *device.Tensor
+	// Weights is F32 [Capacity]: each row's routing weight (nil when Dispatch got none).
+	Weights *device.Tensor
+	// Counts is the layout's ExpertCounts: I32, the rows of each local expert.
+	Counts *device.Tensor
+}
+
+// Free releases X and Weights; Counts belongs to the layout.
+func (d *Dispatched) Free() error {
+	var errs []error
+	for _, x := range []*device.Tensor{d.X, d.Weights} {
+		if x != nil {
+			errs = append(errs, x.Free())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// chunk returns rows [lo, hi) of chunk c of C of a segment of n rows. A sender and its
+// receiver split a segment alike, as both know n.
+func chunk(n, c, C int) (lo, hi int) { return n * c / C, n * (c + 1) / C }
+
+// compact returns the offsets of each rank's rows in a buffer that holds only the rows
+// of other ranks: off (a prefix sum over all ranks) without rank r's segment.
+func compact(off []int, r int) []int {
+	c := make([]int, len(off)-1)
+	for p := range c {
+		c[p] = off[p]
+		if p > r {
+			c[p] -= off[r+1] - off[r]
+		}
+	}
+	return c
+}
+
+func rows(x *device.Tensor, lo, hi int) *device.Tensor {
+	v, err := x.Rows(lo, hi)
+	if err != nil {
+		panic(err) // the ranges come from the layout and are checked against the shapes
+	}
+	return v
+}
+
+// optRows is rows for an optional tensor.
+func optRows(x *device.Tensor, lo, hi int) *device.Tensor {
+	if x == nil {
+		return nil
+	}
+	return rows(x, lo, hi)
+}
+
+// temps allocates an op's temporary tensors on s and frees them together, in stream
+// order on s.
+type temps struct {
+	s   *device.Stream
+	err error
+	all []*device.Tensor
+}
+
+func (t *temps) alloc(dt device.DType, shape ...int) *device.Tensor {
+	if t.err != nil {
+		return nil
+	}
+	x, err := t.s.Alloc(dt, shape...)
+	if err != nil {
+		t.err = err
+		return nil
+	}
+	t.all = append(t.all, x)
+	return x
+}
+
+func (t *temps) free() {
+	for _, x := range t.all {
+		x.Free()
+	}
+}
+
+func nonNil(ts ...*device.Tensor) []*device.Tensor {
+	var out []*device.Tensor
+	for _, t := range ts {
+		if t != nil {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func checkShape(s *device.Stream, x *device.Tensor, what string, dt device.DType, shape ...int) error {
+	if x == nil {
+		return fmt.Errorf("ep: %s is nil", what)
+	}
+	if err := x.Check(s, "ep: "+what); err != nil {
+		return err
+	}
+	ok := x.Rank() == len(shape) && (dt == device.Invalid || x.DType() == dt)
+	for i := 0; ok && i < len(shape); i++ {
+		ok = shape[i] < 0 || x.Dim(i) == shape[i]
+	}
+	if !ok {
+		want := ""
+		if dt != device.Invalid {
+			want = dt.String()
+		}
+		return fmt.Errorf("ep: %s is %v: want %s%v (-1: any)", what, x, want, shape)
+	}
+	return nil
+}
+
+func checkFloat(x *device.Tensor, what string) error {
+	switch x.DType() {
+	case device.F32, device.BF16, device.F16:
+		return nil
+	}
+	return fmt.Errorf("ep: %s is %v: want f32, bf16 or f16", what, x)
+}
+
+// Dispatch sends this rank's tokens x ([T, H], any dtype) to the ranks that hold their
+// experts, each (token, rank) once, and replicates each arriving token into the
+// expert-major buffer once per local expert it chose. weights (F32 [T, K], or nil)
+// travel with the tokens and land in Dispatched.Weights. Work is enqueued on s and on
+// the group's transfer stream, with the transfer split into Config.Chunks pieces that
+// overlap the packing and the replication; nothing waits for the host.
+func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatched, error) {
+	if err := l.usable(s, "Dispatch"); err != nil {
+		return nil, err
+	}
+	if err := checkShape(s, x, "Dispatch: x", device.Invalid, l.t, -1); err != nil {
+		return nil, err
+	}
+	if weights != nil {
+		if err := checkShape(s, weights, "Dispatch: weights", device.F32, l.t, l.g.k); err != nil {
+			return nil, err
+		}
+	}
+	H := x.Dim(1)
+	X, err := s.Alloc(x.DType(), l.capacity, H)
+	if err != nil {
+		return nil, err
+	}
+	var W *device.Tensor
+	if weights != nil {
+		if W, err = s.Alloc(device.F32, l.capacity); err != nil {
+			X.Free()
+			return nil, err
+		}
+	}
+	err = l.dispatch(s, x, weights, func(src, srcW, rowMap, slot *device.Tensor) error {
+		return l.g.be.replicate(s, X, W, src, srcW, rowMap, slot)
+	})
+	if err != nil {
+		X.Free()
+		if W != nil {
+			W.Free()
+		}
+		return nil, err
+	}
+	return &Dispatched{X: X, Weights: W, Counts: l.counts}, nil
+}
+
+// CombineBackward is the gradient of Combine: given dout ([T, H], the gradient of
+// Combine's output), it returns dy ([Capacity, H], dout's dtype) with dy[row] = w[row] ·
+// dout[token of row], and dw (F32 [Capacity]) with dw[row] = ⟨y[row], dout[token of
+// row]⟩, the gradient of the routing weight of the row. It moves dout like Dispatch
+// moves x. w nil means weights of 1; y nil skips dw (returned nil). Rows past the kept
+// ones are not written.
+func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (dy, dw *device.Tensor, err error) {
+	if err := l.usable(s, "CombineBackward"); err != nil {
+		return nil, nil, err
+	}
+	if err := checkShape(s, dout, "CombineBackward: dout", device.Invalid, l.t, -1); err != nil {
+		return nil, nil, err
+	}
+	if err := checkFloat(dout, "CombineBackward: dout"); err != nil {
+		return nil, nil, err
+	}
+	H := dout.Dim(1)
+	if y != nil {
+		if err := checkShape(s, y, "CombineBackward: y", dout.DType(), l.capacity, H); err != nil {
+			return nil, nil, err
+		}
+	}
+	if w != nil {
+		if err := checkShape(s, w, "CombineBackward: w", device.F32, l.capacity); err != nil {
+			return nil, nil, err
+		}
+	}
+	if dy, err = s.Alloc(dout.DType(), l.capacity, H); err != nil {
+		return nil, nil, err
+	}
+	if y != nil {
+		if dw, err = s.Alloc(device.F32, l.capacity); err != nil {
+			dy.Free()
+			return nil, nil, err
+		}
+	}
+	err = l.dispatch(s, dout, nil, func(src, _, rowMap, slot *device.Tensor) error {
+		return l.g.be.replicateScaled(s, dy, dw, src, rowMap, slot, w, y)
+	})
+	if err != nil {
+		dy.Free()
+		if dw != nil {
+			dw.Free()
+		}
+		return nil, nil, err
+	}
+	return dy, dw, nil
+}
+
+// dispatch moves x (and weights) to the ranks of each token and calls place for each
+// piece that has arrived: src holds the piece's rows (the rows rowMap names, or all of
+// them when rowMap is nil), srcW their weights, slot their [rows, K] expert-major slots.
+// Rows a rank sends to itself are placed from x directly.
+func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place func(src, srcW, rowMap, slot *device.Tensor) error) error {
+	g := l.g
+	R, r, K, H, C := g.r, g.rank, g.k, x.Dim(1), g.cfg.Chunks
+	tmp := &temps{s: s}
+	defer tmp.free()
+	nS, nR := l.sendOff[R]-l.tokTo[r], l.recvOff[R]-l.tokFrom[r]
+	sendX, recvX := tmp.alloc(x.DType(), nS, H), tmp.alloc(x.DType(), nR, H)
+	var sendW, recvW *device.Tensor
+	if weights != nil {
+		sendW, recvW = tmp.alloc(device.F32, nS, K), tmp.alloc(device.F32, nR, K)
+	}
+	if tmp.err != nil {
+		return tmp.err
+	}
+	cso, cro := compact(l.sendOff, r), compact(l.recvOff, r)
+	arrived, err := l.transfers(s, nonNil(sendX, sendW), nonNil(recvX, recvW), cso, l.tokTo, cro, l.tokFrom, func(p, lo, hi int) error {
+		m := rows(l.sendTok, l.sendOff[p]+lo, l.sendOff[p]+hi)
+		if err := g.be.gather(s, rows(sendX, cso[p]+lo, cso[p]+hi), x, m); err != nil || weights == nil {
+			return err
+		}
+		return g.be.gather(s, rows(sendW, cso[p]+lo, cso[p]+hi), weights, m)
+	})
+	defer settle(s, arrived)
+	if err != nil {
+		return err
+	}
+	// What this rank routes to itself, straight from x, while the transfers run.
+	if n := l.tokTo[r]; n > 0 {
+		m := rows(l.sendTok, l.sendOff[r], l.sendOff[r]+n)
+		if err := place(x, weights, m, rows(l.slot, l.recvOff[r], l.recvOff[r]+n)); err != nil {
+			return err
+		}
+	}
+	for c, e := range arrived {
+		if err := s.Wait(e); err != nil {
+			return err
+		}
+		for p := range R {
+			if p == r {
+				continue
+			}
+			lo, hi := chunk(l.tokFrom[p], c, C)
+			if hi == lo {
+				continue
+			}
+			err := place(rows(recvX, cro[p]+lo, cro[p]+hi), optRows(recvW, cro[p]+lo, cro[p]+hi), nil,
+				rows(l.slot, l.recvOff[p]+lo, l.recvOff[p]+hi))
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// transfers runs an op's transfers in Config.Chunks pieces on the group's transfer
+// stream. For piece c and each other rank p, pack(p, lo, hi) enqueues on s the filling of
+// rows [lo, hi) of p's send segment (sendCnt[p] rows of the send tensors from row
+// sendOff[p]); once s has done that, the piece moves, into the receive tensors at
+// recvOff[p] plus piece c of recvCnt[p] rows. It returns an event per piece, recorded on
+// the transfer stream when the piece has arrived: pass them to settle.
+func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvCnt []int,
+	pack func(p, lo, hi int) error) ([]*device.Event, error) {
+	R, r, C, cs := l.g.r, l.g.rank, l.g.cfg.Chunks, l.g.cs
+	var arrived []*device.Event
+	for c := range C {
+		ex := &Exchange{Send: send, Recv: recv, SendOff: make([]int, R), SendCount: make([]int, R), RecvOff: make([]int, R), RecvCount: make([]int, R)}
+		for p := range R {
+			if p == r {
+				continue
+			}
+			lo, hi := chunk(sendCnt[p], c, C)
+			ex.SendOff[p], ex.SendCount[p] = sendOff[p]+lo, hi-lo
+			if hi > lo {
+				if err := pack(p, lo, hi); err != nil {
+					return arrived, err
+				}
+			}
+			lo, hi = chunk(recvCnt[p], c, C)
+			ex.RecvOff[p], ex.RecvCount[p] = recvOff[p]+lo, hi-lo
+		}
+		packed, err := s.Record()
+		if err != nil {
+			return arrived, err
+		}
+		err = cs.Wait(packed)
+		packed.Close()
+		if err != nil {
+			return arrived, err
+		}
+		if err := l.g.tr.AllToAllV(cs, ex); err != nil {
+			return arrived, err
+		}
+		e, err := cs.Record()
+		if err != nil {
+			return arrived, err
+		}
+		arrived = append(arrived, e)
+	}
+	return arrived, nil
+}
+
+// settle makes s wait for every piece of a transfer and releases the events, so that
+// temporaries freed on s afterwards are done with, also when an op fails midway.
+func settle(s *device.Stream, arrived []*device.Event) {
+	for _, e := range arrived {
+		s.Wait(e)
+		e.Close()
+	}
+}
+
+// Combine returns out ([T, H], y's dtype): for each of this rank's tokens, the sum over
+// its routing entries of w[row]·y[row], where row is the entry's row in the
+// expert-major buffers (y [Capacity, H], f32, bf16 or f16; w F32 [Capacity], or nil for
+// weights of 1). Each rank first sums, in float32, the rows of each token it received
+// (in k order), rounds the partial sum to y's dtype and sends it back once; the token's
+// rank then adds the partial sums in rank order in float32. The result is bit-identical
+// from run to run and between the CPU and GPUs. Dropped entries, and tokens routed
+// nowhere, contribute zero. Work is enqueued on s and the transfer stream.
+func (l *Layout) Combine(s *device.Stream, y, w *device.Tensor) (*device.Tensor, error) {
+	out, _, err := l.combine(s, "Combine", y, w, nil)
+	return out, err
+}
+
+// DispatchBackward is the gradient of Dispatch: given dX ([Capacity, H], the gradient of
+// Dispatched.X) it returns dx ([T, H], dX's dtype), each token's sum of the gradients of
+// its rows, as Combine with weights of 1. Given dW (F32 [Capacity], the gradient of
+// Dispatched.Weights, as CombineBackward returns it), it also returns dweights (F32 [T,
+// K]): each routing entry's weight gradient, 0 for entries routed nowhere or dropped;
+// else dweights is nil.
+func (l *Layout) DispatchBackward(s *device.Stream, dX, dW *device.Tensor) (dx, dweights *device.Tensor, err error) {
+	return l.combine(s, "DispatchBackward", dX, nil, dW)
+}
+
+func (l *Layout) combine(s *device.Stream, op string, y, w, dW *device.Tensor) (out, dweights *device.Tensor, err error) {
+	if err := l.usable(s, op); err != nil {
+		return nil, nil, err
+	}
+	K := l.g.k
+	if err := checkShape(s, y, op+": y", device.Invalid, l.capacity, -1); err != nil {
+		return nil, nil, err
+	}
+	if err := checkFloat(y, op+": y"); err != nil {
+		return nil, nil, err
+	}
+	for _, v := range []struct {
+		t    *device.Tensor
+		what string
+	}{{w, ": w"}, {dW, ": dW"}} {
+		if v.t != nil {
+			if err := checkShape(s, v.t, op+v.what, device.F32, l.capacity); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	H, dt := y.Dim(1), y.DType()
+	if out, err = s.Alloc(dt, l.t, H); err != nil {
+		return nil, nil, err
+	}
+	if dW != nil {
+		if dweights, err = s.Alloc(device.F32, l.t, K); err != nil {
+			out.Free()
+			return nil, nil, err
+		}
+	}
+	if err = l.combineInto(s, out, dweights, y, w, dW); err != nil {
+		out.Free()
+		if dweights != nil {
+			dweights.Free()
+		}
+		return nil, nil, err
+	}
+	return out, dweights, nil
+}
+
+func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.Tensor) error {
+	g := l.g
+	R, r, K, H, dt := g.r, g.rank, g.k, y.Dim(1), y.DType()
+	tmp := &temps{s: s}
+	defer tmp.free()
+	nR := l.recvOff[R] - l.tokFrom[r]
+	back, zsend := tmp.alloc(dt, l.sendOff[R], H), tmp.alloc(dt, nR, H)
+	var dback, dsend *device.Tensor
+	if dW != nil {
+		dback, dsend = tmp.alloc(device.F32, l.sendOff[R], K), tmp.alloc(device.F32, nR, K)
+	}
+	if tmp.err != nil {
+		return tmp.err
+	}
+	// sums writes the partial sums of n received rows from row from (and their weight
+	// gradients) into rows [at, at+n) of dst (and dd).
+	sums := func(dst, dd *device.Tensor, at, from, n int) error {
+		slot := rows(l.slot, from, from+n)
+		if err := g.be.wsum(s, rows(dst, at, at+n), y, w, slot); err != nil || dW == nil {
+			return err
+		}
+		return g.be.dwPack(s, rows(dd, at, at+n), slot, dW)
+	}
+	cro := compact(l.recvOff, r)
+	arrived, err := l.transfers(s, nonNil(zsend, dsend), nonNil(back, dback), cro, l.tokFrom, l.sendOff, l.tokTo, func(p, lo, hi int) error {
+		return sums(zsend, dsend, cro[p]+lo, l.recvOff[p]+lo, hi-lo)
+	})
+	defer settle(s, arrived)
+	if err != nil {
+		return err
+	}
+	// This rank's own partial sums go straight to their place.
+	if n := l.tokTo[r]; n > 0 {
+		if err := sums(back, dback, l.sendOff[r], l.recvOff[r], n); err != nil {
+			return err
+		}
+	}
+	for _, e := range arrived {
+		if err := s.Wait(e); err != nil {
+			return err
+		}
+	}
+	if err := g.be.finalSum(s, out, back, l.sendRow); err != nil {
+		return err
+	}
+	if dW != nil {
+		return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)
+	}
+	return nil
+}

@@ -1,0 +1,252 @@
+package gemm
+
+import (
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/dropless/dropless/device"
+)
+
+//go:embed kernels/gemm.cu
+var gemmSrc string
+
+// Program holds the package's CUDA kernels: the plan kernel that reads the group sizes
+// on the device, the bf16 tensor-core GEMMs (mma.sync) and the exact f32 GEMMs.
+var Program = device.NewProgram("gemm.cu", gemmSrc)
+
+// Kernel constants shared with kernels/gemm.cu.
+const (
+	planOff  = 4    // DL_PLAN_OFF
+	schedMax = 4096 // DL_SCHED_MAX
+	mmaBK    = 64
+	fmaTile  = 64 // FMA_BM, FMA_BN
+	f32Out   = 1  // DL_F32_OUT
+	accumOut = 2  // DL_ACCUMULATE
+)
+
+// tileConfig is one compiled tile shape of the bf16 kernels.
+type tileConfig struct {
+	name    string // "big" or "small"
+	bm, bn  int
+	threads int
+	stages  int
+}
+
+var (
+	bigTiles   = tileConfig{name: "big", bm: 128, bn: 256, threads: 256, stages: 4}
+	smallTiles = tileConfig{name: "small", bm: 32, bn: 128, threads: 128, stages: 4}
+)
+
+func (t tileConfig) ring() int { return t.stages * (t.bm + t.bn) * mmaBK * 2 }
+
+// kernelInfo caches per-kernel launch facts.
+type kernelInfo struct {
+	once sync.Once
+	occ  int
+	err  error
+}
+
+var kinfo sync.Map // *device.Kernel → *kernelInfo
+
+// prepare raises k's dynamic shared-memory limit to maxSmem once and returns how many
+// blocks of the given size fit on one SM.
+func prepare(k *device.Kernel, threads, maxSmem int) (int, error) {
+	v, _ := kinfo.LoadOrStore(k, &kernelInfo{})
+	ki := v.(*kernelInfo)
+	ki.once.Do(func() {
+		if maxSmem > 48<<10 {
+			if ki.err = k.SetMaxDynamicSharedMemory(maxSmem); ki.err != nil {
+				return
+			}
+		}
+		ki.occ, ki.err = k.MaxActiveBlocksPerSM(threads, maxSmem)
+		if ki.err == nil && ki.occ < 1 {
+			ki.err = fmt.Errorf("gemm: kernel does not fit on an SM with %d threads and %d bytes of shared memory", threads, maxSmem)
+		}
+	})
+	return ki.occ, ki.err
+}
+
+// gemmArgs mirrors struct GemmArgs of kernels/gemm.cu: 16 eight-byte fields.
+type gemmArgs struct {
+	a, b, c, plan              uintptr
+	m, n, k, lda, ldb, ldc     int64
+	strideB, strideC, g, flags int64
+	tilesM, tilesN             int64
+}
+
+func (p *gemmArgs) bytes() []byte {
+	f := []uint64{uint64(p.a), uint64(p.b), uint64(p.c), uint64(p.plan),
+		uint64(p.m), uint64(p.n), uint64(p.k), uint64(p.lda), uint64(p.ldb), uint64(p.ldc),
+		uint64(p.strideB), uint64(p.strideC), uint64(p.g), uint64(p.flags), uint64(p.tilesM), uint64(p.tilesN)}
+	b := make([]byte, 8*len(f))
+	for i, v := range f {
+		binary.LittleEndian.PutUint64(b[8*i:], v)
+	}
+	return b
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// gpu enqueues the call on s: the plan kernel, then the GEMM kernel.
+func (c *call) gpu(s *device.Stream) error {
+	d := s.Device()
+	if cc := d.ComputeCapability(); cc < 80 {
+		return fmt.Errorf("gemm: %v: %v has compute capability %d.%d: the kernels need 8.0 or newer", c.f, d, cc/10, cc%10)
+	}
+	M, K, N, G := c.M, c.K, c.N, c.G
+	p := gemmArgs{a: c.a.Ptr(), b: c.b.Ptr(), c: c.out.Ptr(), g: int64(G)}
+	if c.out.DType() == device.F32 {
+		p.flags |= f32Out
+	}
+	if c.accum {
+		p.flags |= accumOut
+	}
+	bt := false // B stored [contraction][n] (else [n][contraction])
+	switch c.f {
+	case forward: // y = x · w_g
+		p.m, p.n, p.k = int64(M), int64(N), int64(K)
+		bt = c.layout == KN
+		p.lda, p.ldc, p.strideB = int64(K), int64(N), int64(K)*int64(N)
+	case inputGrad: // dx = dy · w_gᵀ
+		p.m, p.n, p.k = int64(M), int64(K), int64(N)
+		bt = c.layout == NK
+		p.lda, p.ldc, p.strideB = int64(N), int64(K), int64(K)*int64(N)
+	case weightGrad: // dw_g = x_gᵀ · dy_g (KN) or dy_gᵀ · x_g (NK)
+		bt = true
+		p.m, p.n, p.k = int64(K), int64(N), int64(M)
+		if c.layout == NK {
+			p.m, p.n = int64(N), int64(K)
+			p.a, p.b = c.b.Ptr(), c.a.Ptr()
+		}
+		p.lda, p.ldb, p.ldc, p.strideC = p.m, p.n, p.n, int64(K)*int64(N)
+	}
+	if c.f != weightGrad {
+		p.ldb = p.k // [n][k]
+		if bt {
+			p.ldb = p.n // [k][n]
+		}
+	}
+	raggedK := c.f == weightGrad
+	bf16 := c.a.DType() == device.BF16
+	vec := bf16 && K%8 == 0 && N%8 == 0 && p.a%16 == 0 && p.b%16 == 0 && p.c%16 == 0
+
+	// Pick the kernel and its tile shape.
+	var (
+		name          string
+		bm, bn, thr   int
+		ring, maxSmem int
+	)
+	switch {
+	case !bf16:
+		bm, bn, thr = fmaTile, fmaTile, 256
+		switch {
+		case raggedK:
+			name = "dl_fma_k"
+		case bt:
+			name = "dl_fma_m_kn"
+		default:
+			name = "dl_fma_m_nk"
+		}
+	case raggedK:
+		tc := bigTiles
+		if d.MaxSharedMemory() < tc.ring() {
+			return fmt.Errorf("gemm: %v: the weight-gradient kernel needs %d bytes of shared memory per block, %v allows %d", c.f, tc.ring(), d, d.MaxSharedMemory())
+		}
+		bm, bn, thr, ring = tc.bm, tc.bn, tc.threads, tc.ring()
+		maxSmem = ring
+		name = "dl_mma_k_big_any"
+		if vec {
+			name = "dl_mma_k_big_vec"
+		}
+	default:
+		tc := smallTiles
+		if vec && M >= 96*max(G, 1) && d.MaxSharedMemory() >= bigTiles.ring()+4*schedMax {
+			tc = bigTiles
+		}
+		if need := tc.ring() + 4*schedMax; d.MaxSharedMemory() < need {
+			return fmt.Errorf("gemm: %v: the kernel needs %d bytes of shared memory per block, %v allows %d", c.f, need, d, d.MaxSharedMemory())
+		}
+		bm, bn, thr, ring = tc.bm, tc.bn, tc.threads, tc.ring()
+		maxSmem = ring + 4*schedMax
+		lay := "nk"
+		if bt {
+			lay = "kn"
+		}
+		v := "any"
+		if vec {
+			v = "vec"
+		}
+		name = "dl_mma_m_" + tc.name + "_" + lay + "_" + v
+	}
+	p.tilesN = int64(ceilDiv(int(p.n), bn))
+	var bound int64 // upper bound on the tiles of the call
+	if raggedK {
+		p.tilesM = int64(ceilDiv(int(p.m), bm))
+		bound = int64(G) * p.tilesM * p.tilesN
+	} else {
+		bound = (2*int64(ceilDiv(M, bm)) + int64(G)) * p.tilesN
+	}
+	if bound >= 1<<30 {
+		return fmt.Errorf("gemm: %v: M=%d, K=%d, N=%d, G=%d make %d tiles: at most 2^30", c.f, M, K, N, G, bound)
+	}
+
+	plan, err := d.Kernel(Program, "dl_gemm_plan")
+	if err != nil {
+		return err
+	}
+	ws, err := s.Alloc(device.I32, planOff+2+2*(G+1))
+	if err != nil {
+		return fmt.Errorf("gemm: %v: workspace: %w", c.f, err)
+	}
+	defer ws.Free()
+	p.plan = ws.Ptr()
+	var st any = uint64(0)
+	if c.status != nil {
+		st = c.status.t
+	}
+	planBM, planNT := int32(0), int32(0)
+	if !raggedK {
+		planBM, planNT = int32(bm), int32(p.tilesN)
+	}
+	planThreads := 256
+	if G > 256 {
+		planThreads = 1024
+	}
+	if err := plan.Launch(s, device.D1(1), device.D1(planThreads), 0,
+		c.sizes, int32(G), int64(M), planBM, planNT, ws, st, int32(c.f)); err != nil {
+		return fmt.Errorf("gemm: %v: %w", c.f, err)
+	}
+	if bound == 0 || c.out.Len() == 0 {
+		return nil // nothing to write; the plan still checked the sizes
+	}
+	if c.hopperOK(d) {
+		if err := c.hopper(s); err != nil {
+			return fmt.Errorf("gemm: %v: %w", c.f, err)
+		}
+		return nil
+	}
+
+	k, err := d.Kernel(Program, name)
+	if err != nil {
+		return err
+	}
+	occ, err := prepare(k, thr, maxSmem)
+	if err != nil {
+		return fmt.Errorf("gemm: %v: %s: %w", c.f, name, err)
+	}
+	smem := ring
+	if !raggedK && bf16 && G+1 <= schedMax {
+		smem += 4 * (G + 1)
+	}
+	grid := int64(d.Multiprocessors() * occ)
+	if grid > bound {
+		grid = bound
+	}
+	if err := k.Launch(s, device.D1(int(grid)), device.D1(thr), smem, p.bytes()); err != nil {
+		return fmt.Errorf("gemm: %v: %w", c.f, err)
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package gemm
+
+import (
+	"os"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/internal/hopper"
+)
+
+// hopperOK reports whether the call can run on the Hopper kernels (wgmma and TMA):
+// bf16 operands, K and N multiples of 8 (16-byte rows for the tensor maps), 16-byte
+// aligned pointers, at most 1024 groups, an sm_90 GPU and NVRTC that targets sm_90a.
+// DROPLESS_GEMM_KERNEL=mma forces the portable mma.sync kernels (for tests and comparisons).
+func (c *call) hopperOK(d *device.Device) bool {
+	if os.Getenv("DROPLESS_GEMM_KERNEL") == "mma" {
+		return false
+	}
+	if c.a.DType() != device.BF16 || c.K%8 != 0 || c.N%8 != 0 || c.G > 1024 || c.G < 1 {
+		return false
+	}
+	for _, t := range []*device.Tensor{c.out, c.a, c.b} {
+		if t.Ptr()%16 != 0 {
+			return false
+		}
+	}
+	return hopper.Supported(d) == nil
+}
+
+// hopper enqueues the call on the Hopper kernels. The plan kernel has already checked
+// the sizes into the call's Status; on invalid sizes these kernels write nothing.
+func (c *call) hopper(s *device.Stream) error {
+	x2 := func(t *device.Tensor, r, k int) (*device.Tensor, error) { return t.Reshape(r, k) }
+	switch c.f {
+	case forward: // y[M,N] = x[M,K]·w_g: B is w, MN-major when stored [G,K,N]
+		x, err := x2(c.a, c.M, c.K)
+		if err != nil {
+			return err
+		}
+		y, err := x2(c.out, c.M, c.N)
+		if err != nil {
+			return err
+		}
+		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, nil, c.layout == KN)
+	case inputGrad: // dx[M,K] = dy[M,N]·w_gᵀ: K-major B when w is [G,K,N]
+		dy, err := x2(c.a, c.M, c.N)
+		if err != nil {
+			return err
+		}
+		dx, err := x2(c.out, c.M, c.K)
+		if err != nil {
+			return err
+		}
+		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, nil, c.layout == NK)
+	default: // dw_g = x_gᵀ·dy_g ([G,K,N]) or dy_gᵀ·x_g ([G,N,K])
+		x, err := x2(c.a, c.M, c.K)
+		if err != nil {
+			return err
+		}
+		dy, err := x2(c.b, c.M, c.N)
+		if err != nil {
+			return err
+		}
+		if c.layout == NK {
+			x, dy = dy, x
+		}
+		return hopper.WeightGrad(s, c.out, x, dy, c.sizes, nil, c.accum)
+	}
+}
