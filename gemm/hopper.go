@@ -8,14 +8,14 @@ import (
 )
 
 // hopperOK reports whether the call can run on the Hopper kernels (wgmma and TMA):
-// bf16 operands, K and N multiples of 8 (16-byte rows for the tensor maps), 16-byte
+// bf16 operands, M ≥ 1, K and N positive multiples of 8 (16-byte rows for the tensor maps), 16-byte
 // aligned pointers, at most 1024 groups, an sm_90 GPU and NVRTC that targets sm_90a.
 // DROPLESS_GEMM_KERNEL=mma forces the portable mma.sync kernels (for tests and comparisons).
 func (c *call) hopperOK(d *device.Device) bool {
 	if os.Getenv("DROPLESS_GEMM_KERNEL") == "mma" {
 		return false
 	}
-	if c.a.DType() != device.BF16 || c.K%8 != 0 || c.N%8 != 0 || c.G > 1024 || c.G < 1 {
+	if c.a.DType() != device.BF16 || c.M < 1 || c.K < 8 || c.N < 8 || c.K%8 != 0 || c.N%8 != 0 || c.G > 1024 || c.G < 1 {
 		return false
 	}
 	for _, t := range []*device.Tensor{c.out, c.a, c.b} {
