@@ -1,0 +1,195 @@
+package moe
+
+import (
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/dropless/dropless/device"
+	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/gemm"
+)
+
+// benchShape is the benchmark layer: DeepSeek-V3-like experts (H 7168, F 2048,
+// E 32 of them per GPU, top-8) over 16384 tokens in bf16 on a GPU; a tiny one on the CPU.
+func benchShape(d *device.Device) (cfg Config, T int) {
+	if d.IsCUDA() {
+		return Config{Hidden: 7168, FFN: 2048, Router: RouterConfig{Experts: 32, TopK: 8, Renormalize: true}}, 16384
+	}
+	return Config{Hidden: 64, FFN: 32, Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true}}, 256
+}
+
+// fillRandom fills t with N(0, scale²) values: a random block uploaded once and tiled.
+func fillRandom(b *testing.B, s *device.Stream, t *device.Tensor, seed uint64, scale float32) {
+	const block = 1 << 22
+	n := min(t.Len(), block)
+	src := up(b, s, t.DType(), dt.Normal(dt.Rand(seed), n, scale), n)
+	defer src.Free()
+	flat := dt.Must(t.Reshape(t.Len()))
+	for off := 0; off < t.Len(); off += n {
+		m := min(n, t.Len()-off)
+		dt.NoErr(b, device.Copy(s, dt.Must(flat.View(off, m)), dt.Must(src.View(0, m))))
+	}
+}
+
+// stageTimes records an event after each traced stage and sums the times per stage.
+type stageTimes struct {
+	d      *device.Device
+	start  *device.Event
+	events []*device.Event
+	names  []string
+	used   int
+}
+
+func (st *stageTimes) begin(s *device.Stream) {
+	if st.start == nil {
+		st.start = dt.Must(st.d.NewEvent())
+	}
+	st.start.Record(s)
+	st.used = 0
+}
+
+func (st *stageTimes) trace(s *device.Stream, stage string) {
+	if st.used == len(st.events) {
+		st.events = append(st.events, dt.Must(st.d.NewEvent()))
+		st.names = append(st.names, "")
+	}
+	st.events[st.used].Record(s)
+	st.names[st.used] = stage
+	st.used++
+}
+
+// add adds this pass's stage times to sums (after the stream finished).
+func (st *stageTimes) add(sums map[string]time.Duration) {
+	prev := st.start
+	for i := range st.used {
+		d, _ := st.events[i].Since(prev)
+		sums[st.names[i]] += d
+		prev = st.events[i]
+	}
+}
+
+// BenchmarkLayer times the layer's forward and forward+backward passes and, in the same
+// run, its grouped GEMMs alone (the same ragged_dot calls on the same tensors). Metrics:
+// ms per pass, the expert GEMMs' TFLOP/s over the pass, gemm_alone_ms and gemm_alone_TFLOP/s,
+// layer/gemm (the pass over the GEMMs alone; the target is ≤ 1.15) and the time of each stage within the pass (_ms).
+func BenchmarkLayer(b *testing.B) {
+	for _, d := range dt.Devices(b) {
+		cfg, T := benchShape(d)
+		typ := device.BF16
+		s := d.Stream()
+		H, F, E, K := cfg.Hidden, cfg.FFN, cfg.Router.Experts, cfg.Router.TopK
+		lay := dt.Must(NewLayer(cfg))
+		x := dt.Must(s.Alloc(typ, T, H))
+		p := &Params{Router: dt.Must(s.Alloc(typ, E, H)), W1: dt.Must(s.Alloc(typ, E, H, 2*F)), W2: dt.Must(s.Alloc(typ, E, F, H))}
+		g := &Grads{X: dt.Must(s.Alloc(typ, T, H)), Router: dt.Must(s.Alloc(device.F32, E, H)),
+			W1: dt.Must(s.Alloc(typ, E, H, 2*F)), W2: dt.Must(s.Alloc(typ, E, F, H))}
+		y, dy := dt.Must(s.Alloc(typ, T, H)), dt.Must(s.Alloc(typ, T, H))
+		fillRandom(b, s, x, 1, 1)
+		fillRandom(b, s, dy, 2, 1)
+		fillRandom(b, s, p.Router, 3, 0.02)
+		fillRandom(b, s, p.W1, 4, 0.02)
+		fillRandom(b, s, p.W2, 5, 0.02)
+		flops := 6 * float64(T) * float64(K) * float64(H) * float64(F) // expert GEMMs, forward
+		for _, pass := range []string{"forward", "forward_backward"} {
+			bwd := pass == "forward_backward"
+			b.Run(fmt.Sprintf("%v/%s/T=%d,H=%d,F=%d,E=%d,K=%d", d, pass, T, H, F, E, K), func(b *testing.B) {
+				st := &stageTimes{d: d}
+				sums := map[string]time.Duration{}
+				step := func(traced bool) {
+					if traced {
+						lay.trace = st.trace
+						st.begin(s)
+					}
+					act := dt.Must(lay.Forward(s, y, x, p))
+					if bwd {
+						dt.NoErr(b, lay.Backward(s, g, dy, act))
+					}
+					lay.trace = nil
+					dt.NoErr(b, act.Free())
+				}
+				step(false) // compile the kernels, warm the pool
+				dt.NoErr(b, s.Synchronize())
+				b.ResetTimer()
+				t0 := time.Now()
+				for range b.N {
+					step(false)
+				}
+				dt.NoErr(b, s.Synchronize())
+				layer := time.Since(t0) / time.Duration(b.N)
+				b.StopTimer()
+				// Stage breakdown: traced passes, timed by events on the stream.
+				const traced = 3
+				for range traced {
+					step(true)
+					dt.NoErr(b, s.Synchronize())
+					st.add(sums)
+				}
+				gemms := timeGEMMs(b, lay, s, x, p, g, dy, bwd, b.N)
+				f := flops
+				if bwd {
+					f *= 3
+				}
+				b.ReportMetric(float64(layer)/1e6, "ms")
+				b.ReportMetric(f/layer.Seconds()/1e12, "TFLOP/s")
+				b.ReportMetric(float64(gemms)/1e6, "gemm_alone_ms")
+				b.ReportMetric(f/gemms.Seconds()/1e12, "gemm_alone_TFLOP/s")
+				b.ReportMetric(float64(layer)/float64(gemms), "layer/gemm")
+				names := make([]string, 0, len(sums))
+				for n := range sums {
+					names = append(names, n)
+				}
+				sort.Strings(names)
+				for _, n := range names {
+					b.ReportMetric(float64(sums[n])/traced/1e6, n+"_ms")
+				}
+			})
+		}
+		for _, t := range []*device.Tensor{x, y, dy, p.Router, p.W1, p.W2, g.X, g.Router, g.W1, g.W2} {
+			t.Free()
+		}
+	}
+}
+
+// timeGEMMs returns the time of the layer's ragged_dot calls alone (forward: 2;
+// with bwd: 6), on the activations of one forward pass, averaged over n repetitions.
+func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *Params, g *Grads, dy *device.Tensor, bwd bool, n int) time.Duration {
+	y := dt.Must(s.Alloc(x.DType(), x.Dim(0), x.Dim(1)))
+	defer y.Free()
+	act := dt.Must(lay.Forward(s, y, x, p))
+	defer act.Free()
+	R, H, F := act.rows, lay.cfg.Hidden, lay.cfg.FFN
+	typ := x.DType()
+	var tmp []*device.Tensor
+	mk := func(shape ...int) *device.Tensor {
+		t := dt.Must(s.Alloc(typ, shape...))
+		tmp = append(tmp, t)
+		return t
+	}
+	dyp, da, dh, dxp := mk(R, H), mk(R, F), mk(R, 2*F), mk(R, H)
+	defer freeAll(tmp...)
+	// Gradients of a realistic size: the forward's own outputs stand in for them.
+	dt.NoErr(b, device.Copy(s, dyp, act.yp.t))
+	dt.NoErr(b, device.Copy(s, dh, act.h.t))
+	counts := act.counts
+	o := lay.gemmOpt(false)
+	run := func() {
+		dt.NoErr(b, gemm.RaggedDot(s, act.h.t, act.xp.t, p.W1, counts, o))
+		dt.NoErr(b, gemm.RaggedDot(s, act.yp.t, act.a.t, p.W2, counts, o))
+		if bwd {
+			dt.NoErr(b, gemm.RaggedDotInputGrad(s, da, dyp, p.W2, counts, o))
+			dt.NoErr(b, gemm.RaggedDotWeightGrad(s, g.W2, act.a.t, dyp, counts, o))
+			dt.NoErr(b, gemm.RaggedDotInputGrad(s, dxp, dh, p.W1, counts, o))
+			dt.NoErr(b, gemm.RaggedDotWeightGrad(s, g.W1, act.xp.t, dh, counts, o))
+		}
+	}
+	run()
+	dt.NoErr(b, s.Synchronize())
+	t0 := time.Now()
+	for range n {
+		run()
+	}
+	dt.NoErr(b, s.Synchronize())
+	return time.Since(t0) / time.Duration(n)
+}

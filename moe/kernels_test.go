@@ -1,0 +1,9 @@
+package moe
+
+import (
+	"testing"
+
+	dt "github.com/dropless/dropless/device/devicetest"
+)
+
+func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, Programs()...) }
