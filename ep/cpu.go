@@ -24,8 +24,9 @@ type backend interface {
 	// order (by expert, then j, then k): slot (I32 [Rv, K]) gets its row, or -1 when it
 	// has no expert here or its row is at or past capacity; counts (I32 [L]) the kept rows.
 	assignSlots(s *device.Stream, meta, slot, counts *device.Tensor, L, capacity int) error
-	// origins writes (source rank, token, k) into out[slot] for each kept slot.
-	origins(s *device.Stream, out, slot, meta *device.Tensor, recvOff []int) error
+	// origins writes (source rank, token, k) into out[slot] for each kept slot; recvOff
+	// (I32 [R+1]) holds the prefix sums of the rows received from each rank.
+	origins(s *device.Stream, out, slot, meta, recvOff *device.Tensor) error
 
 	// gather copies src rows rowMap[j] into dst rows j.
 	gather(s *device.Stream, dst, src, rowMap *device.Tensor) error
@@ -177,13 +178,13 @@ func (cpuBackend) assignSlots(s *device.Stream, meta, slot, counts *device.Tenso
 	})
 }
 
-func (cpuBackend) origins(s *device.Stream, out, slot, meta *device.Tensor, recvOff []int) error {
+func (cpuBackend) origins(s *device.Stream, out, slot, meta, recvOffs *device.Tensor) error {
 	return s.EnqueueCPU(func() {
 		n, K := slot.Dim(0), slot.Dim(1)
-		o, sl, m := i32s(out), i32s(slot), i32s(meta)
+		o, sl, m, recvOff := i32s(out), i32s(slot), i32s(meta), i32s(recvOffs)
 		p := 0
 		for j := range n {
-			for p+1 < len(recvOff)-1 && recvOff[p+1] <= j {
+			for p+1 < len(recvOff)-1 && int(recvOff[p+1]) <= j {
 				p++
 			}
 			for k := range K {

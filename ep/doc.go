@@ -53,7 +53,9 @@
 // ncclSend and ncclRecv on the op's stream. A rank that dies or never arrives makes the
 // others fail within the timeout ($DROPLESS_EP_TIMEOUT), not hang: the rendezvous has
 // deadlines, communicators are non-blocking, and host waits poll with a deadline, then
-// abort the communicator.
+// abort the communicator. Dispatch, Combine and the backward passes do not wait: wait
+// for their results with Transport.Sync, which has that deadline, rather than with
+// Stream.Synchronize or a copy to the host, which wait as long as the transfers do.
 //
 // # Streams
 //

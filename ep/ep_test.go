@@ -13,7 +13,6 @@ import (
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/ep"
-	"github.com/google/go-cmp/cmp"
 )
 
 // scenarios is the shared suite: invariants 1–7 of the spec over R = 1, 2, 3, 4, 8.
@@ -59,8 +58,8 @@ func TestInvariants(t *testing.T) {
 				if !d.IsCUDA() {
 					cpu[sc.name] = outs
 				} else if want := cpu[sc.name]; want != nil {
-					if diff := cmp.Diff(want, outs); diff != "" {
-						t.Errorf("GPU differs from the CPU (-cpu +gpu):\n%s", diff)
+					if diff := diffOuts(want, outs); diff != "" {
+						t.Errorf("GPU differs from the CPU (got, want CPU):\n%s", diff)
 					}
 				}
 			})
@@ -108,13 +107,13 @@ func TestDeterminism(t *testing.T) {
 			got := runWorld(t, d, sc, ins, func(tr ep.Transport) ep.Transport {
 				return &jitter{Transport: tr, r: dt.Rand(seed + uint64(tr.Rank()))}
 			})
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Fatalf("run %d (GOMAXPROCS %d) differs (-first +this):\n%s", rep, procs, diff)
+			if diff := diffOuts(want, got); diff != "" {
+				t.Fatalf("run %d (GOMAXPROCS %d) differs (got, want the first run):\n%s", rep, procs, diff)
 			}
 		}
 		sc.chunks = 3
-		if diff := cmp.Diff(want, runWorld(t, d, sc, ins, nil)); diff != "" {
-			t.Fatalf("3 chunks differ from 1 (-1 +3):\n%s", diff)
+		if diff := diffOuts(want, runWorld(t, d, sc, ins, nil)); diff != "" {
+			t.Fatalf("3 chunks differ from 1 (got, want 1 chunk):\n%s", diff)
 		}
 	})
 }

@@ -185,21 +185,12 @@ func (b *gpuBackend) assignSlots(s *device.Stream, meta, slot, counts *device.Te
 	return b.sort(s, meta, n, K, K+1, L, capacity, slot, total, counts)
 }
 
-func (b *gpuBackend) origins(s *device.Stream, out, slot, meta *device.Tensor, recvOff []int) error {
+func (b *gpuBackend) origins(s *device.Stream, out, slot, meta, recvOff *device.Tensor) error {
 	n, K := slot.Dim(0), slot.Dim(1)
 	if n == 0 {
 		return nil
 	}
-	off := make([]int32, len(recvOff))
-	for i, v := range recvOff {
-		off[i] = int32(v)
-	}
-	ro, err := device.FromSlice(s, device.I32, off, len(off))
-	if err != nil {
-		return err
-	}
-	defer ro.Free()
-	return b.launch(s, "ep_origins", blocks(n*K), 0, out, slot, meta, ro, i32(len(recvOff)-1), int64(n), i32(K))
+	return b.launch(s, "ep_origins", blocks(n*K), 0, out, slot, meta, recvOff, i32(recvOff.Len()-1), int64(n), i32(K))
 }
 
 func (b *gpuBackend) gather(s *device.Stream, dst, src, rowMap *device.Tensor) error {

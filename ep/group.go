@@ -88,6 +88,7 @@ type Layout struct {
 	meta    *device.Tensor // I32 [Rv, K+1]: per received row, the local expert of each k (-1: none), then the source token
 	slot    *device.Tensor // I32 [Rv, K]: expert-major row of each (received row, k), -1 if none or dropped
 	counts  *device.Tensor // I32 [L]: rows kept per local expert
+	recvOfs *device.Tensor // I32 [R+1]: recvOff on the device, for Origins
 
 	tokTo, tokFrom   []int // [R] tokens sent to / received from each rank
 	sendOff, recvOff []int // [R+1] prefix sums of tokTo and tokFrom
@@ -163,6 +164,15 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 		return nil, err
 	}
 	if err := l.plan(host); err != nil {
+		return nil, err
+	}
+	// recvOff on the device for Origins, uploaded now that s is idle: the upload waits
+	// for s, which later may hold transfers that only a peer can complete.
+	off := make([]int32, R+1)
+	for i, v := range l.recvOff {
+		off[i] = int32(v)
+	}
+	if l.recvOfs, err = device.FromSlice(s, device.I32, off, R+1); err != nil {
 		return nil, err
 	}
 
@@ -302,7 +312,7 @@ func (l *Layout) plan(host []int32) error {
 // Free releases the layout's device memory, in stream order on the stream it was made on.
 func (l *Layout) Free() error {
 	var errs []error
-	for _, x := range []*device.Tensor{l.idx, l.sendRow, l.sendTok, l.meta, l.slot, l.counts} {
+	for _, x := range []*device.Tensor{l.idx, l.sendRow, l.sendTok, l.meta, l.slot, l.counts, l.recvOfs} {
 		if x != nil {
 			errs = append(errs, x.Free())
 		}
@@ -366,7 +376,7 @@ func (l *Layout) Origins(s *device.Stream) (*device.Tensor, error) {
 		out.Free()
 		return nil, err
 	}
-	if err := l.g.be.origins(s, out, l.slot, l.meta, l.recvOff); err != nil {
+	if err := l.g.be.origins(s, out, l.slot, l.meta, l.recvOfs); err != nil {
 		out.Free()
 		return nil, err
 	}

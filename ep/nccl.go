@@ -65,18 +65,17 @@ func NewNCCL(dev *device.Device, id UniqueID, rank, size int, timeout time.Durat
 		return nil, fmt.Errorf("ep: NCCL: %w", err)
 	}
 	t := &ncclTransport{dev: dev, rank: rank, size: size, timeout: timeout}
-	err := dev.Do(func() error {
+	err := t.call(fmt.Sprintf("communicator setup (%d ranks, %v)", size, dev), func() error {
 		c, err := cuda.NCCLCommInitRankScalable(size, rank, []cuda.NCCLUniqueID{cuda.NCCLUniqueID(id)}, false)
 		if err != nil {
 			return err
 		}
+		t.mu.Lock()
 		t.init, t.comm = c, c.Comm
+		t.mu.Unlock()
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ep: NCCL rank %d of %d on %v: %w", rank, size, dev, err)
-	}
-	if err := t.wait("communicator setup"); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -263,7 +262,31 @@ func (t *ncclTransport) state() (pending bool, err error) {
 	return pending, err
 }
 
-// wait polls until the communicator's last call is done, failing at the deadline.
+// call makes the NCCL calls of issue on the device's locked OS thread and, still on that
+// thread, waits until they are done. A non-blocking communicator's ncclGroupEnd (and
+// every call, which is a group of its own) that has to wait for the peers, as when it
+// sets up connections, leaves its state in the thread-local variables of the OS thread
+// that called it until ncclCommGetAsyncError finds it done. Go runs other goroutines on
+// a thread once Do unlocks it, and another rank's NCCL calls there would mix their group
+// with this one's, so the thread stays locked until then.
+func (t *ncclTransport) call(what string, issue func() error) error {
+	var err error
+	derr := t.dev.Do(func() error {
+		if err = issue(); err != nil {
+			err = t.fail(fmt.Errorf("ep: NCCL %s on rank %d: %w", what, t.rank, err))
+			return nil
+		}
+		err = t.wait(what)
+		return nil
+	})
+	if derr != nil {
+		return t.fail(fmt.Errorf("ep: NCCL %s on rank %d: %w", what, t.rank, derr))
+	}
+	return err
+}
+
+// wait polls until the communicator's last call is done, failing at the deadline. Call
+// it inside the Do of that call (see call).
 func (t *ncclTransport) wait(what string) error {
 	deadline := time.Now().Add(t.timeout)
 	for i := 0; ; i++ {
@@ -301,13 +324,9 @@ func (t *ncclTransport) AllGather(s *device.Stream, send, recv *device.Tensor) e
 	if send.Bytes() == 0 {
 		return nil
 	}
-	err := t.dev.Do(func() error {
+	return t.call("AllGather", func() error {
 		return cuda.NCCLAllGather(cuda.DevicePtr(send.Ptr()), cuda.DevicePtr(recv.Ptr()), uint64(send.Bytes()), cuda.NCCLUint8, t.comm, cuda.Stream(s.Handle()))
 	})
-	if err != nil {
-		return t.fail(fmt.Errorf("ep: NCCL AllGather on rank %d: %w", t.rank, err))
-	}
-	return t.wait("AllGather")
 }
 
 // AllToAllV issues the exchange as one group of ncclSend and ncclRecv calls, one per
@@ -320,7 +339,7 @@ func (t *ncclTransport) AllToAllV(s *device.Stream, x *Exchange) error {
 		return t.fail(err)
 	}
 	h := cuda.Stream(s.Handle())
-	err := t.dev.Do(func() error {
+	return t.call("AllToAllV", func() error {
 		if err := cuda.NCCLGroupStart(); err != nil {
 			return err
 		}
@@ -341,10 +360,6 @@ func (t *ncclTransport) AllToAllV(s *device.Stream, x *Exchange) error {
 		}
 		return errors.Join(append(errs, cuda.NCCLGroupEnd())...)
 	})
-	if err != nil {
-		return t.fail(fmt.Errorf("ep: NCCL AllToAllV on rank %d: %w", t.rank, err))
-	}
-	return t.wait("AllToAllV")
 }
 
 // Sync waits for s by polling an event, so that a peer that is gone (which leaves
@@ -387,10 +402,7 @@ func (t *ncclTransport) Close() error {
 	t.mu.Lock()
 	c := t.comm
 	t.mu.Unlock()
-	if err := t.dev.Do(func() error { return cuda.NCCLCommFinalize(c) }); err != nil {
-		return t.fail(fmt.Errorf("ep: NCCL finalize on rank %d: %w", t.rank, err))
-	}
-	if err := t.wait("finalize"); err != nil {
+	if err := t.call("finalize", func() error { return cuda.NCCLCommFinalize(c) }); err != nil {
 		return err
 	}
 	t.mu.Lock()

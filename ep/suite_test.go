@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,6 +141,72 @@ type rankOut struct {
 	Bytes                           [][]int64 // bytes sent during Dispatch (in-process worlds)
 }
 
+// diffOuts compares two runs' outputs field by field and describes the differences, ""
+// when there are none. Elements compare with == as cmp.Diff compares them, but cmp.Diff
+// walks them by reflection at about 1.6 µs each: the 1.2e8 elements of a large NCCL
+// scenario took it 4 to 7 minutes, which looked like a hang of TestNCCLInProcess.
+func diffOuts(want, got []*rankOut) string {
+	if len(want) != len(got) {
+		return fmt.Sprintf("%d ranks, want %d", len(got), len(want))
+	}
+	var b strings.Builder
+	for r := range want {
+		if want[r] == nil || got[r] == nil {
+			if want[r] != got[r] {
+				fmt.Fprintf(&b, "rank %d: output %v, want %v\n", r, got[r], want[r])
+			}
+			continue
+		}
+		wv, gv := reflect.ValueOf(want[r]).Elem(), reflect.ValueOf(got[r]).Elem()
+		for i := range wv.NumField() {
+			what := fmt.Sprintf("rank %d: %s", r, wv.Type().Field(i).Name)
+			switch w := wv.Field(i).Interface().(type) {
+			case int:
+				diffElems(&b, what, []int{w}, []int{int(gv.Field(i).Int())})
+			case []int:
+				diffElems(&b, what, w, gv.Field(i).Interface().([]int))
+			case []int32:
+				diffElems(&b, what, w, gv.Field(i).Interface().([]int32))
+			case []float32:
+				diffElems(&b, what, w, gv.Field(i).Interface().([]float32))
+			case [][]int64:
+				g := gv.Field(i).Interface().([][]int64)
+				if len(w) != len(g) {
+					fmt.Fprintf(&b, "%s: %d rows, want %d\n", what, len(g), len(w))
+					continue
+				}
+				for q := range w {
+					diffElems(&b, fmt.Sprintf("%s[%d]", what, q), w[q], g[q])
+				}
+			default:
+				panic(fmt.Sprintf("diffOuts: field %s of type %T", what, w))
+			}
+		}
+	}
+	return b.String()
+}
+
+// diffElems describes how got differs from want: the length, or the number of elements
+// that differ and the first few.
+func diffElems[T comparable](b *strings.Builder, what string, want, got []T) {
+	if len(want) != len(got) {
+		fmt.Fprintf(b, "%s: %d elements, want %d\n", what, len(got), len(want))
+		return
+	}
+	n := 0
+	for i := range want {
+		if want[i] != got[i] {
+			if n < 5 {
+				fmt.Fprintf(b, "%s[%d] = %v, want %v\n", what, i, got[i], want[i])
+			}
+			n++
+		}
+	}
+	if n > 5 {
+		fmt.Fprintf(b, "%s: %d elements of %d differ\n", what, n, len(want))
+	}
+}
+
 // phaser is a cyclic barrier for the ranks of a test, failing instead of hanging.
 type phaser struct {
 	mu    sync.Mutex
@@ -184,7 +252,10 @@ func downloadI32(s *device.Stream, x *device.Tensor) ([]int32, error) {
 
 // runRank runs the whole chain on one rank: Layout, Dispatch, Combine with identity
 // experts, CombineBackward, DispatchBackward. world, if not nil, is the in-process world
-// whose bytes are read around Dispatch; ph synchronizes the ranks for that.
+// whose bytes are read around Dispatch; ph synchronizes the ranks for that. After each
+// op it waits with tr.Sync, which fails within the transport's timeout when a peer's
+// transfers never come, before reading anything on the host: a plain stream
+// synchronization there would wait forever.
 func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (*rankOut, error) {
 	d := tr.Device()
 	s, err := d.NewStream()
@@ -215,6 +286,9 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 		return nil, err
 	}
 	defer l.Free()
+	if err := tr.Sync(s); err != nil {
+		return nil, err
+	}
 	o := &rankOut{TokTo: l.TokensTo(), TokFrom: l.TokensFrom(), Counts: l.Counts(), Entries: l.ExpertEntries(),
 		Capacity: l.Capacity(), Demand: l.Demand(), Rows: l.Rows()}
 	if o.SendRows, err = downloadI32(s, l.SendRows()); err != nil {
@@ -236,6 +310,9 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 		return nil, err
 	}
 	defer D.Free()
+	if err := tr.Sync(s); err != nil {
+		return nil, err
+	}
 	if world != nil {
 		if err := ph.wait(); err != nil {
 			return nil, err
@@ -272,6 +349,9 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 		return nil, err
 	}
 	defer out.Free()
+	if err := tr.Sync(s); err != nil {
+		return nil, err
+	}
 	if o.Out, err = out.Float32s(s); err != nil {
 		return nil, err
 	}
@@ -281,6 +361,9 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	}
 	defer dy.Free()
 	defer dw.Free()
+	if err := tr.Sync(s); err != nil {
+		return nil, err
+	}
 	if rest := l.Capacity() - l.Rows(); rest > 0 {
 		v, _ := dy.Rows(l.Rows(), l.Capacity())
 		wv, _ := dw.Rows(l.Rows(), l.Capacity())
@@ -299,6 +382,9 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	}
 	defer dx.Free()
 	defer dwts.Free()
+	if err := tr.Sync(s); err != nil {
+		return nil, err
+	}
 	if o.Dx, err = dx.Float32s(s); err != nil {
 		return nil, err
 	}
