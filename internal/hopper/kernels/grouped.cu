@@ -205,10 +205,17 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
             int mt = local % mtiles, nt = local / mtiles;
             int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
             int rows = min(HB_BM, sz - mt * HB_BM);
+            // A warpgroup whose 64 rows all lie past the group's end keeps the barrier
+            // protocol but issues no wgmma, leaving the tensor cores to the other one.
+            const bool active = c * 64 < rows;
             for (int kb = 0; kb < nkb; kb++, it++) {
                 int st = it % HB_STAGES;
                 u32 ph = (it / HB_STAGES) & 1;
                 hb_mbar_wait(&full[st], ph);
+                if (!active) {
+                    hb_mbar_arrive(&empty[st]);
+                    continue;
+                }
                 unsigned char *sa = smem + st * HB_STAGE_BYTES + c * (64 * 128);
                 unsigned char *sb = smem + st * HB_STAGE_BYTES + HB_A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -229,6 +236,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                 if (kb > 0) hb_mbar_arrive(&empty[prev]);
                 prev = st;
             }
+            if (!active) continue;
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             if (nkb > 0) hb_mbar_arrive(&empty[prev]);
             // Epilogue: thread holds rows r and r+8, columns 8j + 2(lane%4) + {0,1}.

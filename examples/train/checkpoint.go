@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bufio"
+	"encoding/gob"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/dropless/dropless/device"
+)
+
+// checkpointVersion is the version of the checkpoint format.
+const checkpointVersion = 1
+
+// Checkpoint is the file format of a saved model: one gob-encoded Checkpoint
+// (encoding/gob). It holds everything needed to resume training: the model's shape,
+// the optimizer step, every parameter with its AdamW moments, and the loss history.
+type Checkpoint struct {
+	Version int // checkpointVersion
+	Config  ModelConfig
+	Step    int    // optimizer steps taken
+	Seed    uint64 // the seed of the data order
+	Params  []SavedTensor
+	History History
+}
+
+// SavedTensor is a parameter in a Checkpoint: row-major float32 values and moments.
+type SavedTensor struct {
+	Name  string
+	Shape []int
+	Value []float32
+	M, V  []float32 // AdamW's first and second moments
+}
+
+// History is the record of a training run: the mean training loss of each window of
+// steps ending at TrainStep[i], and the held-out loss at EvalStep[i], in nats per token;
+// Dropped[i] is the fraction of assignments dropped for capacity in window i.
+type History struct {
+	TrainStep []int
+	Train     []float64
+	Dropped   []float64
+	EvalStep  []int
+	Eval      []float64
+}
+
+// save writes the model and its history to path, atomically (a temporary file renamed).
+func (m *Model) save(path string, seed uint64, h History) error {
+	ck := Checkpoint{Version: checkpointVersion, Config: m.Config, Step: m.Step, Seed: seed, History: h}
+	for _, p := range m.params {
+		st := SavedTensor{Name: p.name, Shape: slices.Clone(p.shape)}
+		var err error
+		for _, c := range []struct {
+			dst *[]float32
+			t   *device.Tensor
+		}{{&st.Value, p.w}, {&st.M, p.m}, {&st.V, p.v}} {
+			if *c.dst, err = c.t.Float32s(m.s); err != nil {
+				return err
+			}
+		}
+		ck.Params = append(ck.Params, st)
+	}
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	err = gob.NewEncoder(w).Encode(&ck)
+	if err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("checkpoint %s: %v", path, err)
+	}
+	return os.Rename(tmp, path)
+}
+
+// readCheckpoint reads the checkpoint at path.
+func readCheckpoint(path string) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var ck Checkpoint
+	if err := gob.NewDecoder(bufio.NewReader(f)).Decode(&ck); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %v", path, err)
+	}
+	if ck.Version != checkpointVersion {
+		return nil, fmt.Errorf("checkpoint %s: version %d, want %d", path, ck.Version, checkpointVersion)
+	}
+	return &ck, nil
+}
+
+// loadModel returns the model of a checkpoint on d.
+func loadModel(d *device.Device, ck *Checkpoint) (*Model, error) {
+	m, err := newModel(d, ck.Config, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(ck.Params) != len(m.params) {
+		return nil, m.freeAfter(fmt.Errorf("checkpoint: %d parameters, want %d", len(ck.Params), len(m.params)))
+	}
+	for i, p := range m.params {
+		st := ck.Params[i]
+		if st.Name != p.name || !slices.Equal(st.Shape, p.shape) {
+			return nil, m.freeAfter(fmt.Errorf("checkpoint: parameter %d is %s %v, want %s %v", i, st.Name, st.Shape, p.name, p.shape))
+		}
+		for _, c := range []struct {
+			src []float32
+			t   *device.Tensor
+		}{{st.Value, p.w}, {st.M, p.m}, {st.V, p.v}} {
+			if len(c.src) != c.t.Len() {
+				return nil, m.freeAfter(fmt.Errorf("checkpoint: %s holds %d values, want %d", p.name, len(c.src), c.t.Len()))
+			}
+			if err := c.t.SetFloat32(m.s, c.src); err != nil {
+				return nil, m.freeAfter(err)
+			}
+		}
+	}
+	m.Step = ck.Step
+	return m, nil
+}

@@ -1,0 +1,403 @@
+// Command train trains a small Mixture-of-Experts language model on the Go standard
+// library's source, byte by byte, on the GPU when one works and on the CPU otherwise:
+//
+//	go run ./examples/train
+//
+// The model predicts each byte from the W bytes before it: the sum of position-specific
+// embeddings of those bytes, L residual blocks h += MoE(rmsnorm(h)) whose feed-forward
+// layers are dropless moe.Layers (top-K routing over E SwiGLU experts), and a linear
+// output over the 256 byte values. It is trained with AdamW on the .go files of a few
+// standard packages (every 20th file held out), once dropless and once, from the same
+// initialization and on the same batches, as a capacity-factor layer that drops the
+// assignments past ⌈factor·T·K/E⌉ per expert. A line per -eval-every steps gives the
+// training and held-out losses, the throughput and the experts' load; at the end each
+// model is saved to -out/<name>.ckpt (see Checkpoint; -resume continues from there),
+// the loss curves are drawn into -out/loss.png, and the final held-out losses are
+// compared with the unigram entropy of the held-out text.
+//
+// The MoE layers run through package moe (router, permutation, gemm.RaggedDot), the
+// output layer through gemm.RaggedDot with one group, and the embedding, normalization,
+// softmax cross-entropy and AdamW through the kernels of kernels/train.cu on a GPU or
+// their Go twins on the CPU. Everything is float32.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/moe"
+)
+
+// options are the command's flags.
+type options struct {
+	Steps, Batch, Window, Hidden, FFN, SharedFFN, Experts, TopK, Layers int
+	LR, MinLR, WeightDecay, Beta1, Beta2, Eps, AuxLoss                  float64
+	Warmup                                                              int
+	Capacity                                                            float64
+	Seed                                                                uint64
+	Device, Out, Data, Packages                                         string
+	MaxBytes, EvalEvery, EvalTokens                                     int
+	Resume, NoPlot                                                      bool
+}
+
+func defaultOptions() options {
+	return options{
+		Steps: 600, Batch: 256, Window: 16, Hidden: 128, FFN: 64, Experts: 8, TopK: 2, Layers: 2,
+		LR: 8e-3, MinLR: 0.1, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, AuxLoss: 0.01, Warmup: 20,
+		Capacity: 1, Seed: 1, Out: "train-out",
+		Packages: "strings,bytes,fmt,sort,strconv,bufio,unicode/utf8,text/template,io,errors,regexp,go/scanner",
+		MaxBytes: 4 << 20, EvalEvery: 50, EvalTokens: 4096,
+	}
+}
+
+func (o *options) register(fs *flag.FlagSet) {
+	fs.IntVar(&o.Steps, "steps", o.Steps, "training steps of each model (after -resume: that many more)")
+	fs.IntVar(&o.Batch, "batch", o.Batch, "tokens (predicted bytes) per step: the T of the MoE layers")
+	fs.IntVar(&o.Window, "window", o.Window, "bytes of context W each prediction sees")
+	fs.IntVar(&o.Hidden, "hidden", o.Hidden, "model width H")
+	fs.IntVar(&o.FFN, "ffn", o.FFN, "intermediate width F of each expert")
+	fs.IntVar(&o.SharedFFN, "shared", o.SharedFFN, "intermediate width of a shared expert in every MoE layer (0: none)")
+	fs.IntVar(&o.Experts, "experts", o.Experts, "experts E per MoE layer")
+	fs.IntVar(&o.TopK, "topk", o.TopK, "experts K each token is routed to")
+	fs.IntVar(&o.Layers, "layers", o.Layers, "MoE blocks L")
+	fs.Float64Var(&o.LR, "lr", o.LR, "peak learning rate of AdamW")
+	fs.Float64Var(&o.MinLR, "min-lr", o.MinLR, "final learning rate, as a fraction of -lr (cosine decay after the warmup)")
+	fs.IntVar(&o.Warmup, "warmup", o.Warmup, "steps of linear learning-rate warmup")
+	fs.Float64Var(&o.WeightDecay, "wd", o.WeightDecay, "AdamW's decoupled weight decay (not applied to the embeddings)")
+	fs.Float64Var(&o.Beta1, "beta1", o.Beta1, "AdamW's β1")
+	fs.Float64Var(&o.Beta2, "beta2", o.Beta2, "AdamW's β2")
+	fs.Float64Var(&o.Eps, "eps", o.Eps, "AdamW's ε")
+	fs.Float64Var(&o.AuxLoss, "aux", o.AuxLoss, "coefficient of the load-balancing loss (0: none)")
+	fs.Float64Var(&o.Capacity, "capacity", o.Capacity, "capacity factor of the comparison model, trained after the dropless one (0: train only the dropless model)")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the initialization and of the data order (the same for both models)")
+	fs.StringVar(&o.Device, "device", o.Device, "device: cpu, cuda or cuda:N (default: $DROPLESS_DEVICE, else GPU 0 if one works, else the CPU)")
+	fs.StringVar(&o.Out, "out", o.Out, "`directory` of the checkpoints and the plot")
+	fs.BoolVar(&o.Resume, "resume", o.Resume, "continue from the checkpoints in -out (their model shape wins over the flags)")
+	fs.BoolVar(&o.NoPlot, "noplot", o.NoPlot, "do not draw -out/loss.png")
+	fs.IntVar(&o.EvalEvery, "eval-every", o.EvalEvery, "steps between progress lines and held-out evaluations")
+	fs.IntVar(&o.EvalTokens, "eval-tokens", o.EvalTokens, "held-out tokens per evaluation (rounded down to a multiple of -batch)")
+	fs.StringVar(&o.Data, "data", o.Data, "a text `file or directory` to train on instead of the Go source (a directory's files are read recursively, leaving out hidden and binary files)")
+	fs.StringVar(&o.Packages, "packages", o.Packages, "comma-separated standard packages whose .go files make the corpus")
+	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "most bytes of text to read")
+}
+
+func main() {
+	o := defaultOptions()
+	o.register(flag.CommandLine)
+	flag.Usage = func() {
+		w := flag.CommandLine.Output()
+		fmt.Fprint(w, `usage: train [flags]
+
+Trains a byte-level Mixture-of-Experts language model on the Go standard library's
+source, first with dropless MoE layers, then the same model with capacity-factor
+layers (-capacity), on the same batches from the same initialization. Prints the
+training and held-out losses (nats per byte), tokens per second and the experts' load
+every -eval-every steps; saves -out/dropless.ckpt, -out/capacity.ckpt and
+-out/loss.png. Runs on the GPU when one works, else on the CPU.
+
+`)
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "train: unexpected arguments %q\n", flag.Args())
+		flag.Usage()
+		os.Exit(2)
+	}
+	if _, err := run(o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "train:", err)
+		os.Exit(1)
+	}
+}
+
+// result is what run reports of each model.
+type result struct {
+	Name     string
+	Heldout  float64 // final held-out loss, nats per byte
+	First    float64 // held-out loss before the first step (NaN after -resume)
+	Dropped  int64   // assignments dropped for capacity
+	Assigned int64   // assignments routed
+	Path     string  // checkpoint
+	History  History
+}
+
+type report struct {
+	Unigram float64 // entropy of the held-out bytes, nats
+	Models  []result
+}
+
+func (o options) validate() error {
+	switch {
+	case o.Steps < 0:
+		return fmt.Errorf("-steps %d, want ≥ 0", o.Steps)
+	case o.Batch < 1:
+		return fmt.Errorf("-batch %d, want ≥ 1", o.Batch)
+	case o.EvalEvery < 1:
+		return fmt.Errorf("-eval-every %d, want ≥ 1", o.EvalEvery)
+	case o.EvalTokens < 0:
+		return fmt.Errorf("-eval-tokens %d, want ≥ 0", o.EvalTokens)
+	case o.LR <= 0 || math.IsInf(o.LR, 0) || math.IsNaN(o.LR):
+		return fmt.Errorf("-lr %v, want > 0", o.LR)
+	case o.MinLR < 0 || o.MinLR > 1:
+		return fmt.Errorf("-min-lr %v, want in [0, 1]", o.MinLR)
+	case o.Warmup < 0:
+		return fmt.Errorf("-warmup %d, want ≥ 0", o.Warmup)
+	case o.Beta1 < 0 || o.Beta1 >= 1 || o.Beta2 < 0 || o.Beta2 >= 1:
+		return fmt.Errorf("-beta1 %v, -beta2 %v: want each in [0, 1)", o.Beta1, o.Beta2)
+	case o.Eps <= 0:
+		return fmt.Errorf("-eps %v, want > 0", o.Eps)
+	case o.WeightDecay < 0:
+		return fmt.Errorf("-wd %v, want ≥ 0", o.WeightDecay)
+	case o.AuxLoss < 0:
+		return fmt.Errorf("-aux %v, want ≥ 0", o.AuxLoss)
+	case o.Capacity < 0:
+		return fmt.Errorf("-capacity %v, want ≥ 0", o.Capacity)
+	case o.MaxBytes < 1:
+		return fmt.Errorf("-max-bytes %d, want ≥ 1", o.MaxBytes)
+	}
+	return nil
+}
+
+func (o options) modelConfig(capacity float64) ModelConfig {
+	return ModelConfig{
+		Vocab: 256, Window: o.Window, Hidden: o.Hidden, FFN: o.FFN, SharedFFN: o.SharedFFN,
+		Experts: o.Experts, TopK: o.TopK, Layers: o.Layers, AuxLoss: float32(o.AuxLoss),
+		CapacityFactor: capacity,
+	}
+}
+
+// run trains the models o describes, writing progress to w.
+func run(o options, w io.Writer) (*report, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if err := o.modelConfig(o.Capacity).validate(); err != nil {
+		return nil, err
+	}
+	var pkgs []string
+	for _, p := range strings.Split(o.Packages, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			pkgs = append(pkgs, p)
+		}
+	}
+	c, err := loadCorpus(o.Data, pkgs, o.MaxBytes)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.Train) <= o.Window || len(c.Heldout) <= o.Window {
+		return nil, fmt.Errorf("corpus: %d training and %d held-out bytes, want more than -window %d of each", len(c.Train), len(c.Heldout), o.Window)
+	}
+	rep := &report{Unigram: unigramEntropy(c.Heldout)}
+	fmt.Fprintf(w, "corpus: %s\n", c.Source)
+	fmt.Fprintf(w, "corpus: %d files, %d bytes to train on, %d held out (%d files)\n", c.Files, len(c.Train), len(c.Heldout), c.HeldoutFiles)
+	fmt.Fprintf(w, "unigram entropy of the held-out bytes: %.3f nats (%.3f bits) per byte\n", rep.Unigram, rep.Unigram/math.Ln2)
+
+	d, err := device.Open(o.Device)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "device: %v (%s)\n", d, d.Name())
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	nev := max(o.EvalTokens/o.Batch, 1) * o.Batch
+	evalSet := evalBatches(c.Heldout, nev, o.Batch, o.Window)
+
+	type job struct {
+		name     string
+		capacity float64
+	}
+	jobs := []job{{"dropless", 0}}
+	if o.Capacity > 0 {
+		jobs = append(jobs, job{"capacity", o.Capacity})
+	}
+	var curves []curve
+	for _, j := range jobs {
+		res, err := trainModel(d, j.name, o.modelConfig(j.capacity), o, c, evalSet, w)
+		if err != nil {
+			return nil, fmt.Errorf("%s model: %w", j.name, err)
+		}
+		rep.Models = append(rep.Models, *res)
+		label := j.name
+		if j.capacity > 0 {
+			label = fmt.Sprintf("capacity factor %g", j.capacity)
+		}
+		curves = append(curves, curve{label, res.History})
+	}
+	if !o.NoPlot {
+		path := filepath.Join(o.Out, "loss.png")
+		if err := plotLosses(path, curves, rep.Unigram); err != nil {
+			return nil, fmt.Errorf("plot: %w", err)
+		}
+		fmt.Fprintf(w, "loss curves: %s\n", path)
+	}
+	fmt.Fprintf(w, "\nunigram entropy of the held-out text: %.3f nats/byte (%.3f bits)\n", rep.Unigram, rep.Unigram/math.Ln2)
+	for _, r := range rep.Models {
+		fmt.Fprintf(w, "%-9s final held-out loss:  %.3f nats/byte (%.3f bits), %.0f%% of the unigram entropy",
+			r.Name, r.Heldout, r.Heldout/math.Ln2, 100*r.Heldout/rep.Unigram)
+		if r.Name != "dropless" {
+			fmt.Fprintf(w, "; dropped %d of %d assignments (%.2f%%)", r.Dropped, r.Assigned, 100*float64(r.Dropped)/float64(max(r.Assigned, 1)))
+		}
+		fmt.Fprintln(w)
+	}
+	return rep, nil
+}
+
+// lrAt returns the learning rate of step t (1, 2, ..., total): a linear warmup over
+// the first warmup steps, then a cosine decay to minLR·lr at step total.
+func lrAt(t, total, warmup int, lr, minLR float64) float64 {
+	if t <= warmup {
+		return lr * float64(t) / float64(warmup)
+	}
+	if total <= warmup {
+		return lr
+	}
+	f := float64(t-warmup) / float64(total-warmup)
+	return lr * (minLR + (1-minLR)*0.5*(1+math.Cos(math.Pi*min(f, 1))))
+}
+
+// trainModel trains (or, with -resume, continues) the model called name and saves it.
+func trainModel(d *device.Device, name string, cfg ModelConfig, o options, c *corpus, evalSet [][]int32, w io.Writer) (*result, error) {
+	res := &result{Name: name, Path: filepath.Join(o.Out, name+".ckpt"), First: math.NaN()}
+	var m *Model
+	var err error
+	if o.Resume {
+		ck, err := readCheckpoint(res.Path)
+		if err != nil {
+			return nil, fmt.Errorf("-resume: %w", err)
+		}
+		if ck.Config != cfg {
+			fmt.Fprintf(w, "%s: the checkpoint's model shape %+v differs from the flags'; using the checkpoint's\n", name, ck.Config)
+		}
+		if m, err = loadModel(d, ck); err != nil {
+			return nil, err
+		}
+		res.History = ck.History
+		cfg = ck.Config
+		fmt.Fprintf(w, "%s: resumed from %s at step %d\n", name, res.Path, m.Step)
+	} else if m, err = newModel(d, cfg, o.Seed); err != nil {
+		return nil, err
+	}
+	defer m.Free()
+	nparams, nexpert := 0, 0
+	for _, p := range m.params {
+		nparams += p.w.Len()
+		if strings.HasSuffix(p.name, ".w1") || strings.HasSuffix(p.name, ".w2") {
+			nexpert += p.w.Len()
+		}
+	}
+	kind := "dropless"
+	if cfg.CapacityFactor > 0 {
+		kind = fmt.Sprintf("capacity factor %g (%d rows per expert)", cfg.CapacityFactor, moe.Capacity(cfg.CapacityFactor, o.Batch, cfg.TopK, cfg.Experts))
+	}
+	fmt.Fprintf(w, "\n%s model: W=%d H=%d F=%d E=%d K=%d L=%d, %s; %d parameters (%d in experts, %d active per token)\n",
+		name, cfg.Window, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK, cfg.Layers, kind,
+		nparams, nexpert, nparams-nexpert+nexpert*cfg.TopK/cfg.Experts)
+	if !o.Resume {
+		ev, err := m.evalLoss(evalSet)
+		if err != nil {
+			return nil, err
+		}
+		res.First = ev
+		res.History.EvalStep = append(res.History.EvalStep, 0)
+		res.History.Eval = append(res.History.Eval, ev)
+		fmt.Fprintf(w, "%-9s step %5d  held-out %.3f\n", name, 0, ev)
+	}
+	h := adamHyper{Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay}
+	total := m.Step + o.Steps
+	E, L := cfg.Experts, cfg.Layers
+	load := make([][]int64, L)
+	for l := range load {
+		load[l] = make([]int64, E)
+	}
+	var winRows, winDropped, winAssigned int64
+	var winTime time.Duration
+	start := time.Now()
+	for i := range o.Steps {
+		step := m.Step
+		tok := trainBatch(c.Train, o.Seed, step, o.Batch, cfg.Window)
+		t0 := time.Now()
+		stats, err := m.trainStep(tok, h, lrAt(step+1, total, o.Warmup, o.LR, o.MinLR))
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", step+1, err)
+		}
+		winTime += time.Since(t0)
+		winRows += int64(o.Batch)
+		for l, st := range stats {
+			for e, n := range st.Load {
+				load[l][e] += int64(n)
+				winAssigned += int64(n)
+			}
+			winDropped += int64(st.Dropped)
+		}
+		if m.Step%o.EvalEvery != 0 && i != o.Steps-1 {
+			continue
+		}
+		sum, err := m.takeTrainLoss()
+		if err != nil {
+			return nil, err
+		}
+		tr := sum / float64(winRows)
+		t1 := time.Now()
+		ev, err := m.evalLoss(evalSet)
+		if err != nil {
+			return nil, err
+		}
+		evTime := time.Since(t1)
+		hist := &res.History
+		hist.TrainStep = append(hist.TrainStep, m.Step)
+		hist.Train = append(hist.Train, tr)
+		hist.Dropped = append(hist.Dropped, float64(winDropped)/float64(max(winAssigned, 1)))
+		hist.EvalStep = append(hist.EvalStep, m.Step)
+		hist.Eval = append(hist.Eval, ev)
+		line := fmt.Sprintf("%-9s step %5d/%d  train %.3f  held-out %.3f  %6.0f tok/s  eval %4.0f ms  load/mean",
+			name, m.Step, total, tr, ev, float64(winRows)/winTime.Seconds(), evTime.Seconds()*1e3)
+		for l := range load {
+			lo, hi := loadRange(load[l])
+			line += fmt.Sprintf(" L%d %.2f-%.2f", l, lo, hi)
+			clear(load[l])
+		}
+		if cfg.CapacityFactor > 0 {
+			line += fmt.Sprintf("  dropped %.1f%%", 100*float64(winDropped)/float64(max(winAssigned, 1)))
+		}
+		fmt.Fprintln(w, line)
+		res.Dropped += winDropped
+		res.Assigned += winAssigned
+		winRows, winDropped, winAssigned, winTime = 0, 0, 0, 0
+	}
+	if o.Steps > 0 || !o.Resume {
+		res.Heldout = res.History.Eval[len(res.History.Eval)-1]
+	} else if res.Heldout, err = m.evalLoss(evalSet); err != nil {
+		return nil, err
+	}
+	if err := m.save(res.Path, o.Seed, res.History); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "%s: %d steps in %v; saved %s\n", name, o.Steps, time.Since(start).Round(time.Millisecond), res.Path)
+	return res, nil
+}
+
+// loadRange returns the smallest and largest entries of load over their mean.
+func loadRange(load []int64) (lo, hi float64) {
+	var sum int64
+	for _, n := range load {
+		sum += n
+	}
+	if sum == 0 {
+		return 0, 0
+	}
+	mean := float64(sum) / float64(len(load))
+	lo = math.Inf(1)
+	for _, n := range load {
+		lo = min(lo, float64(n)/mean)
+		hi = max(hi, float64(n)/mean)
+	}
+	return lo, hi
+}
