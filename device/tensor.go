@@ -117,20 +117,7 @@ func (d *Device) Wrap(ptr uintptr, dt DType, shape ...int) (*Tensor, error) {
 // so work enqueued before on that stream still sees it. Work on other streams must be
 // ordered before it by the caller (Stream.Wait). Free on a view frees the whole storage.
 // Using a freed tensor is an error; freeing twice is not.
-func (t *Tensor) Free() error {
-	st := t.st
-	if !st.owned || st.freed.Swap(true) {
-		return nil
-	}
-	if st.dev.kind != KindCUDA {
-		st.host = nil
-		return nil
-	}
-	if st.nbytes == 0 {
-		return nil
-	}
-	return st.dev.Do(func() error { return cuda.MemFreeAsync(st.ptr, st.stream.h) })
-}
+func (t *Tensor) Free() error { return t.FreeOn(t.st.stream) }
 
 // FreeOn is Free ordered on s instead of the allocating stream.
 func (t *Tensor) FreeOn(s *Stream) error {

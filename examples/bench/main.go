@@ -24,6 +24,7 @@ import (
 	"github.com/dropless/dropless/device"
 	"github.com/dropless/dropless/ep"
 	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/internal/baseline"
 	"github.com/dropless/dropless/moe"
 	"github.com/dropless/dropless/quant"
 )
@@ -363,7 +364,7 @@ func (b *bench) gemm(c gemmCase) ([]row, error) {
 	ts := &tensors{s: s}
 	defer ts.free()
 	G, M, K, N := c.G, c.M, c.K, c.N
-	sizes, err := device.FromSlice(s, device.I32, anchorSizes(G, M, c.dist), G)
+	sizes, err := device.FromSlice(s, device.I32, baseline.GroupSizes(G, M, c.dist), G)
 	if err != nil {
 		return nil, err
 	}
@@ -764,96 +765,4 @@ func gemmCases(o options, gpu bool) ([]gemmCase, error) {
 		out = append(out, c)
 	}
 	return out, nil
-}
-
-// anchorSizes reproduces the group sizes of the baseline script (seed 1): uniform gives
-// M/G each, the remainder to the last group; skewed gives Zipf(1.1) weights over a
-// random permutation (torch.randperm on the CPU generator), G/8 groups emptied, floored
-// shares of M and the remainder to the heaviest group, in float32 as there.
-func anchorSizes(G, M int, dist string) []int32 {
-	s := make([]int32, G)
-	if dist == "uniform" {
-		for g := range s {
-			s[g] = int32(M / G)
-		}
-		s[G-1] += int32(M - G*(M/G))
-		return s
-	}
-	gen := newMT19937(1)
-	base := make([]float32, G)
-	for i := range base {
-		base[i] = float32(1 / math.Pow(float64(i+1), 1.1))
-	}
-	perm := gen.randperm(G)
-	w := make([]float32, G)
-	for i, p := range perm {
-		w[i] = base[p]
-	}
-	for _, p := range gen.randperm(G)[:G/8] {
-		w[p] = 0
-	}
-	var sum64 float64
-	for _, v := range w {
-		sum64 += float64(v)
-	}
-	sum := float32(sum64)
-	total, arg := 0, 0
-	for g, v := range w {
-		s[g] = int32(math.Floor(float64(v / sum * float32(M))))
-		total += int(s[g])
-		if v > w[arg] {
-			arg = g
-		}
-	}
-	s[arg] += int32(M - total)
-	return s
-}
-
-// mt19937 is the 32-bit Mersenne Twister, as PyTorch's CPU generator.
-type mt19937 struct {
-	s [624]uint32
-	i int
-}
-
-func newMT19937(seed uint32) *mt19937 {
-	m := &mt19937{i: 624}
-	m.s[0] = seed
-	for i := 1; i < 624; i++ {
-		m.s[i] = 1812433253*(m.s[i-1]^(m.s[i-1]>>30)) + uint32(i)
-	}
-	return m
-}
-
-func (m *mt19937) next() uint32 {
-	if m.i >= 624 {
-		for k := range 624 {
-			y := m.s[k]&0x80000000 | m.s[(k+1)%624]&0x7fffffff
-			v := m.s[(k+397)%624] ^ y>>1
-			if y&1 != 0 {
-				v ^= 0x9908b0df
-			}
-			m.s[k] = v
-		}
-		m.i = 0
-	}
-	y := m.s[m.i]
-	m.i++
-	y ^= y >> 11
-	y ^= y << 7 & 0x9d2c5680
-	y ^= y << 15 & 0xefc60000
-	y ^= y >> 18
-	return y
-}
-
-// randperm is torch.randperm(n, generator) on the CPU for small n.
-func (m *mt19937) randperm(n int) []int {
-	p := make([]int, n)
-	for i := range p {
-		p[i] = i
-	}
-	for i := 0; i < n-1; i++ {
-		z := int(m.next() % uint32(n-i))
-		p[i], p[i+z] = p[i+z], p[i]
-	}
-	return p
 }
