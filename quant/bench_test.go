@@ -1,0 +1,149 @@
+package quant
+
+import (
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/dropless/dropless/device"
+	dt "github.com/dropless/dropless/device/devicetest"
+)
+
+// benchCase is a quantization of the benchmarks: 65536×7168 bf16 on a GPU.
+type benchCase struct {
+	name    string
+	dir     Direction
+	grouped bool
+}
+
+var benchCases = []benchCase{{"rowwise", Rowwise, false}, {"both", Both, false}, {"grouped_both", Both, true}}
+
+// benchSetup returns a random bf16 m×k source, its options (qwen3-style skewed groups
+// of 128 experts when grouped), the outputs, and the bytes one quantization moves:
+// the source read, the elements and every scale byte written.
+func benchSetup(tb testing.TB, s *device.Stream, m, k int, c benchCase) (*device.Tensor, Options, *MXFP8, int) {
+	x := dt.Must(s.Alloc(device.BF16, m, k))
+	const chunk = 1 << 20 // random values, copied across the tensor
+	n := m * k
+	head := dt.Must(x.View(0, min(chunk, n)))
+	dt.NoErr(tb, head.SetFloat32(s, testValues(dt.Rand(1), head.Len(), false)))
+	for off := head.Len(); off < n; off += chunk {
+		dst := dt.Must(x.View(off, min(chunk, n-off)))
+		src := dt.Must(x.View(0, dst.Len()))
+		dt.NoErr(tb, device.Copy(s, dst, src))
+	}
+	opt := Options{Dir: c.dir}
+	if c.grouped {
+		opt.GroupSizes = groupTensor(tb, s, skewedSizes(128, m, 1))
+	}
+	q := dt.Must(Alloc(s, m, k, opt))
+	bytes := x.Bytes()
+	for _, t := range []*device.Tensor{q.Row, q.RowScale, q.Col, q.ColScale} {
+		if t != nil {
+			bytes += t.Bytes()
+		}
+	}
+	return x, opt, q, bytes
+}
+
+func benchShape(d *device.Device) (int, int) {
+	if d.IsCUDA() {
+		return 65536, 7168
+	}
+	return 2048, 1024
+}
+
+// BenchmarkQuantize reports GB/s counted as bytes read + bytes written.
+func BenchmarkQuantize(b *testing.B) {
+	for _, c := range benchCases {
+		b.Run(c.name, func(b *testing.B) {
+			for _, d := range dt.Devices(b) {
+				b.Run(d.String(), func(b *testing.B) {
+					s := d.Stream()
+					m, k := benchShape(d)
+					x, opt, q, bytes := benchSetup(b, s, m, k, c)
+					defer x.Free()
+					defer q.Free()
+					dt.NoErr(b, QuantizeInto(s, q, x, opt)) // compiles the kernels
+					dt.NoErr(b, s.Synchronize())
+					b.SetBytes(int64(bytes))
+					b.ResetTimer()
+					for range b.N {
+						dt.NoErr(b, QuantizeInto(s, q, x, opt))
+					}
+					dt.NoErr(b, s.Synchronize())
+					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkDequantize reports GB/s of rowwise dequantization to bf16.
+func BenchmarkDequantize(b *testing.B) {
+	for _, d := range dt.Devices(b) {
+		b.Run(d.String(), func(b *testing.B) {
+			s := d.Stream()
+			m, k := benchShape(d)
+			x, opt, q, _ := benchSetup(b, s, m, k, benchCases[0])
+			defer x.Free()
+			defer q.Free()
+			dt.NoErr(b, QuantizeInto(s, q, x, opt))
+			dt.NoErr(b, Dequantize(s, x, q, Rowwise))
+			dt.NoErr(b, s.Synchronize())
+			bytes := x.Bytes() + q.Row.Bytes() + q.RowScale.Bytes()
+			b.SetBytes(int64(bytes))
+			b.ResetTimer()
+			for range b.N {
+				dt.NoErr(b, Dequantize(s, x, q, Rowwise))
+			}
+			dt.NoErr(b, s.Synchronize())
+			b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
+// medianTime returns the median device time of reps runs of fn on s, timed with events.
+func medianTime(tb testing.TB, s *device.Stream, reps int, fn func()) time.Duration {
+	d := s.Device()
+	var ts []time.Duration
+	for range reps {
+		a, b := dt.Must(d.NewEvent()), dt.Must(d.NewEvent())
+		dt.NoErr(tb, a.Record(s))
+		fn()
+		dt.NoErr(tb, b.Record(s))
+		dt.NoErr(tb, b.Synchronize())
+		ts = append(ts, dt.Must(b.Since(a)))
+		a.Close()
+		b.Close()
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+	return ts[len(ts)/2]
+}
+
+// TestBandwidthGPU checks the targets on 65536×7168 bf16: rowwise ≥ 3.3 TB/s, both
+// directions ≥ 3.0 TB/s, grouped (skewed) within 10% of ungrouped, read + write bytes.
+func TestBandwidthGPU(t *testing.T) {
+	g := dt.GPU(t)
+	s := g.Stream()
+	m, k := benchShape(g)
+	tbs := map[string]float64{}
+	for _, c := range benchCases {
+		x, opt, q, bytes := benchSetup(t, s, m, k, c)
+		dt.NoErr(t, QuantizeInto(s, q, x, opt))
+		el := medianTime(t, s, 20, func() { dt.NoErr(t, QuantizeInto(s, q, x, opt)) })
+		tbs[c.name] = float64(bytes) / el.Seconds() / 1e12
+		t.Logf("%s: %v for %.3f GB, %.2f TB/s", c.name, el, float64(bytes)/1e9, tbs[c.name])
+		x.Free()
+		q.Free()
+	}
+	if tbs["rowwise"] < 3.3 {
+		t.Errorf("rowwise at %.2f TB/s, want ≥ 3.3", tbs["rowwise"])
+	}
+	if tbs["both"] < 3.0 {
+		t.Errorf("both at %.2f TB/s, want ≥ 3.0", tbs["both"])
+	}
+	if tbs["grouped_both"] < 0.9*tbs["both"] {
+		t.Errorf("grouped_both at %.2f TB/s, more than 10%% below both (%.2f)", tbs["grouped_both"], tbs["both"])
+	}
+}

@@ -1,0 +1,106 @@
+package quant
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/dropless/dropless/device"
+)
+
+//go:embed kernels/mxfp8.cu
+var mxfp8Src string
+
+// Kernels is the program of the package's CUDA kernels (kernels/mxfp8.cu), which use
+// the hardware FP8 conversion on sm_89 and later.
+var Kernels = device.NewProgram("mxfp8.cu", mxfp8Src)
+
+// softKernels is Kernels with the software element conversion of dtype.cuh; tests run
+// both against the CPU.
+var softKernels = device.NewProgram("mxfp8.cu", mxfp8Src, "-DDL_MX_HW_CVT=0")
+
+// Kernel selection, changed by tests only.
+var (
+	program      = Kernels
+	forceGeneral = false // use the general quantization kernel even where the fast one applies
+)
+
+// ptrArg returns t for a kernel argument, or a null pointer for nil.
+func ptrArg(t *device.Tensor) any {
+	if t == nil {
+		return uint64(0)
+	}
+	return t
+}
+
+func dtypeName(dt device.DType) string {
+	if dt == device.BF16 {
+		return "bf16"
+	}
+	return "f32"
+}
+
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// fastOK reports whether the fast kernel applies: K a multiple of 32, the source
+// 16-byte aligned, the data outputs 8-byte aligned.
+func fastOK(q *MXFP8, x *device.Tensor) bool {
+	al := func(t *device.Tensor, n uintptr) bool { return t == nil || t.Ptr()%n == 0 }
+	return !forceGeneral && q.K%blockSize == 0 && al(x, 16) && al(q.Row, 8) && al(q.Col, 8)
+}
+
+func quantizeGPU(s *device.Stream, q *MXFP8, x *device.Tensor, sizes *device.Tensor) error {
+	d := s.Device()
+	g := q.g
+	tiles := ptrArg(nil)
+	if sizes != nil {
+		k, err := d.Kernel(program, "dl_mx_groups")
+		if err != nil {
+			return err
+		}
+		if err := k.Launch(s, device.D1(1), device.D1(1024), 0, sizes, int32(sizes.Len()), int32(g.m), int32(g.ntiles),
+			q.gtab, q.tiles, q.status); err != nil {
+			return err
+		}
+		tiles = q.tiles
+	}
+	grid := g.ntiles * g.ncolt
+	if grid == 0 {
+		return nil
+	}
+	args := []any{x, ptrArg(q.Row), ptrArg(q.RowScale), ptrArg(q.Col), ptrArg(q.ColScale), tiles,
+		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp),
+		q.Format.rcp(), int32(q.Format.emax()), b2i(q.Mode == FLOOR), b2i(q.Swizzled)}
+	var name string
+	threads := 256
+	if fastOK(q, x) {
+		name = fmt.Sprintf("dl_mxq_%s_%s_%s", dtypeName(x.DType()), q.Format, map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir])
+		threads = 128
+	} else {
+		name = fmt.Sprintf("dl_mxq_gen_%s_%s", dtypeName(x.DType()), q.Format)
+		args = append(args, b2i(q.Dir.rows()), b2i(q.Dir.cols()))
+	}
+	k, err := d.Kernel(program, name)
+	if err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(grid), device.D1(threads), 0, args...)
+}
+
+func dequantizeGPU(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction, data, scale *device.Tensor) error {
+	g := q.g
+	grid := g.ntiles * g.ncolt
+	if grid == 0 || g.k == 0 {
+		return nil
+	}
+	k, err := s.Device().Kernel(program, fmt.Sprintf("dl_mxdq_%s_%s", dtypeName(dst.DType()), q.Format))
+	if err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(grid), device.D1(256), 0, dst, data, scale, ptrArg(q.tiles),
+		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp), b2i(q.Swizzled), b2i(dir == Columnwise))
+}
