@@ -361,7 +361,7 @@ __device__ __forceinline__ void dl_mx_general(const In *__restrict__ x, u8 *__re
         const int nbk = (K + 31) >> 5;
         const int blk = gj >> 5;
         for (int r = 0; r < 32; r++) {
-            float a = fabsf(v[r][j]);
+            float a = fmaxf(0.f, fabsf(v[r][j])); // NaN leaves amax alone, as in the fast kernel
             for (int o = 16; o > 0; o >>= 1) {
                 a = fmaxf(a, __shfl_xor_sync(DL_MX_FULL, a, o));
             }
