@@ -67,6 +67,15 @@ func quantizeGPU(s *device.Stream, q *MXFP8, x *device.Tensor, sizes *device.Ten
 			return err
 		}
 		tiles = q.tiles
+		// Grouped layouts hold padding tiles (the shapes bound the groups' tiles); the
+		// kernels skip them, so their scale bytes are zeroed here in one pass.
+		for _, sc := range []*device.Tensor{q.RowScale, q.ColScale} {
+			if sc != nil {
+				if err := device.Memset(s, sc, 0); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	grid := g.ntiles * g.ncolt
 	if grid == 0 {

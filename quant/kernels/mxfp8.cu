@@ -241,6 +241,9 @@ __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restr
     const int t = (int)(blockIdx.x / (u32)ncolt);
     const int ct = (int)blockIdx.x - t * ncolt;
     const DlMxTile d = dl_mx_tile(tiles, t, M, ntiles);
+    if (tiles != 0 && d.nrows == 0) {
+        return; // a padding tile of a grouped layout: its scales were zeroed before the launch
+    }
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     const int col = ct * 256 + lane * 8;
     const bool cv = col < K;
@@ -350,6 +353,9 @@ __device__ __forceinline__ void dl_mx_general(const In *__restrict__ x, u8 *__re
     const int t = (int)(blockIdx.x / (u32)ncolt);
     const int ct = (int)blockIdx.x - t * ncolt;
     const DlMxTile d = dl_mx_tile(tiles, t, M, ntiles);
+    if (tiles != 0 && d.nrows == 0) {
+        return; // a padding tile of a grouped layout: its scales were zeroed before the launch
+    }
     const int j = (int)threadIdx.x;
     const int lane = j & 31;
     const int gj = ct * 256 + j;
