@@ -1,5 +1,5 @@
-// Package baseline reproduces the inputs of the peer baselines measured on the GPU
-// machine (its anchors script), so that benchmarks run the very same cases.
+// Package baseline reproduces the inputs of the peer baselines (PyTorch, JAX) that the
+// benchmarks are compared with, so that both run the very same cases.
 package baseline
 
 import "math"
@@ -53,7 +53,7 @@ func (m *mt19937) randperm(n int) []int {
 	return p
 }
 
-// GroupSizes reproduces group_sizes of the baseline script (anchors.py, seed 1):
+// GroupSizes reproduces group_sizes of the peer-baseline script (seed 1):
 // uniform gives M/G each (the remainder to the last group); skewed gives Zipf(1.1)
 // weights over a random permutation with G/8 groups emptied, floored shares of M, and
 // the remainder to the heaviest group. Sums are in float32 as there; a sum rounded
