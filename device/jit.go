@@ -295,8 +295,9 @@ func (k *Kernel) Launch(s *Stream, grid, block Dim3, smem int, args ...any) erro
 	for i, a := range args {
 		switch v := a.(type) {
 		case *Tensor:
-			if err := v.usable(s, fmt.Sprintf("argument %d of %s", i, k.name)); err != nil {
-				return err
+			if err := v.usable(s, "argument"); err != nil {
+				// Name the argument only on failure: formatting costs an allocation per launch.
+				return fmt.Errorf("%w (argument %d of %s)", err, i, k.name)
 			}
 			la.vals[i] = uint64(v.dptr())
 		case int32:

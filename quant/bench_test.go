@@ -7,6 +7,7 @@ import (
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/internal/baseline"
 )
 
 // benchCase is a quantization of the benchmarks: 65536×7168 bf16 on a GPU.
@@ -34,7 +35,7 @@ func benchSetup(tb testing.TB, s *device.Stream, m, k int, c benchCase) (*device
 	}
 	opt := Options{Dir: c.dir}
 	if c.grouped {
-		opt.GroupSizes = groupTensor(tb, s, skewedSizes(128, m, 1))
+		opt.GroupSizes = groupTensor(tb, s, baseline.ZipfSizes(128, m, 1))
 	}
 	q := dt.Must(Alloc(s, m, k, opt))
 	bytes := x.Bytes()

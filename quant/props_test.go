@@ -9,36 +9,9 @@ import (
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/internal/baseline"
 	"github.com/google/go-cmp/cmp"
 )
-
-// skewedSizes returns g group sizes summing to m: Zipf(1.1) weights in random order,
-// an eighth of the groups empty, the remainder on the largest (qwen3-style skew).
-func skewedSizes(g, m int, seed uint64) []int32 {
-	r := dt.Rand(seed)
-	w := make([]float64, g)
-	for i, p := range r.Perm(g) {
-		w[p] = 1 / math.Pow(float64(i+1), 1.1)
-	}
-	for _, p := range r.Perm(g)[:g/8] {
-		w[p] = 0
-	}
-	sum, big := 0.0, 0
-	for i, x := range w {
-		sum += x
-		if x > w[big] {
-			big = i
-		}
-	}
-	sizes := make([]int32, g)
-	tot := 0
-	for i, x := range w {
-		sizes[i] = int32(math.Floor(x / sum * float64(m)))
-		tot += int(sizes[i])
-	}
-	sizes[big] += int32(m - tot)
-	return sizes
-}
 
 // transpose returns the k×m transpose of the m×k matrix v (elements of n bytes).
 func transpose[T any](v []T, m, k int) []T {
@@ -99,7 +72,7 @@ func TestGroupsConcat(t *testing.T) {
 		for _, c := range []struct {
 			k     int
 			sizes []int32
-		}{{64, []int32{0, 10, 23, 0}}, {96, []int32{31, 33, 96, 140}}, {288, []int32{2, 128, 0, 1}}, {40, []int32{7}}, {256, skewedSizes(16, 1000, 3)}} {
+		}{{64, []int32{0, 10, 23, 0}}, {96, []int32{31, 33, 96, 140}}, {288, []int32{2, 128, 0, 1}}, {40, []int32{7}}, {256, baseline.ZipfSizes(16, 1000, 3)}} {
 			m := 0
 			for _, n := range c.sizes {
 				m += int(n)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/internal/baseline"
 )
 
 func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, Kernels, softKernels) }
@@ -212,7 +213,7 @@ func TestQuantize(t *testing.T) {
 func TestQuantizeLargeGPU(t *testing.T) {
 	g := dt.GPU(t)
 	const m, k = 8192, 7168
-	sizes := skewedSizes(128, m, 1)
+	sizes := baseline.ZipfSizes(128, m, 1)
 	vals := testValues(dt.Rand(5), m*k, true)
 	cpu := device.CPU().Stream()
 	for _, grouped := range []bool{false, true} {

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -407,7 +406,7 @@ func (b *bench) quant(m, k int) ([]row, error) {
 	if ts.err != nil {
 		return nil, ts.err
 	}
-	sizes, err := device.FromSlice(s, device.I32, skewedSizes(128, m, 1), 128)
+	sizes, err := device.FromSlice(s, device.I32, baseline.ZipfSizes(128, m, 1), 128)
 	if err != nil {
 		return nil, err
 	}
@@ -446,35 +445,6 @@ func (b *bench) quant(m, k int) ([]row, error) {
 		rows = append(rows, row{c.name, name, t, float64(moved) / t.Seconds() / 1e9, "GB/s (read+write)", c.base})
 	}
 	return rows, nil
-}
-
-// skewedSizes returns the group sizes of the quant package's grouped benchmark: Zipf(1.1)
-// weights over a random order of g groups, g/8 of them emptied, floored shares of m and
-// the remainder to the heaviest group.
-func skewedSizes(g, m int, seed uint64) []int32 {
-	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	w := make([]float64, g)
-	for i, p := range r.Perm(g) {
-		w[p] = 1 / math.Pow(float64(i+1), 1.1)
-	}
-	for _, p := range r.Perm(g)[:g/8] {
-		w[p] = 0
-	}
-	sum, big := 0.0, 0
-	for i, x := range w {
-		sum += x
-		if x > w[big] {
-			big = i
-		}
-	}
-	sizes := make([]int32, g)
-	tot := 0
-	for i, x := range w {
-		sizes[i] = int32(math.Floor(x / sum * float64(m)))
-		tot += int(sizes[i])
-	}
-	sizes[big] += int32(m - tot)
-	return sizes
 }
 
 func (b *bench) moe(o options) ([]row, error) {

@@ -33,14 +33,14 @@ func TestAnchorSizes(t *testing.T) {
 	}
 	for _, m := range []int{64, 2048, 65536} {
 		sum := 0
-		for _, v := range skewedSizes(128, m, 1) {
+		for _, v := range baseline.ZipfSizes(128, m, 1) {
 			if v < 0 {
-				t.Fatalf("skewedSizes(128, %d): negative size", m)
+				t.Fatalf("ZipfSizes(128, %d): negative size", m)
 			}
 			sum += int(v)
 		}
 		if sum != m {
-			t.Errorf("skewedSizes(128, %d) sums to %d", m, sum)
+			t.Errorf("ZipfSizes(128, %d) sums to %d", m, sum)
 		}
 	}
 }

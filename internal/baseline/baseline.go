@@ -2,7 +2,10 @@
 // benchmarks are compared with, so that both run the very same cases.
 package baseline
 
-import "math"
+import (
+	"math"
+	"math/rand/v2"
+)
 
 // mt19937 is the 32-bit Mersenne Twister, as PyTorch's CPU generator.
 type mt19937 struct {
@@ -95,4 +98,33 @@ func GroupSizes(G, M int, dist string) []int32 {
 	}
 	s[arg] += int32(M - total)
 	return s
+}
+
+// ZipfSizes returns g group sizes summing to m from a seeded generator: Zipf(1.1) weights
+// over a random order of the groups, g/8 of them emptied, floored shares of m and the
+// remainder to the heaviest group (the skew of quant's grouped benchmark and tests).
+func ZipfSizes(g, m int, seed uint64) []int32 {
+	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	w := make([]float64, g)
+	for i, p := range r.Perm(g) {
+		w[p] = 1 / math.Pow(float64(i+1), 1.1)
+	}
+	for _, p := range r.Perm(g)[:g/8] {
+		w[p] = 0
+	}
+	sum, big := 0.0, 0
+	for i, x := range w {
+		sum += x
+		if x > w[big] {
+			big = i
+		}
+	}
+	sizes := make([]int32, g)
+	tot := 0
+	for i, x := range w {
+		sizes[i] = int32(math.Floor(x / sum * float64(m)))
+		tot += int(sizes[i])
+	}
+	sizes[big] += int32(m - tot)
+	return sizes
 }

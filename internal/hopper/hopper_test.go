@@ -126,17 +126,32 @@ func randomize(tb testing.TB, s *device.Stream, t *device.Tensor) {
 	}
 }
 
-func benchCase(b *testing.B, G, M, K, N int, bMN bool) {
+// benchCases are the uniform baseline shapes.
+var benchCases = []struct {
+	name       string
+	G, M, K, N int
+}{
+	{"dsv3_wi", 32, 65536, 7168, 4096},
+	{"dsv3_wo", 32, 65536, 2048, 7168},
+	{"mixtral_wi", 8, 32768, 4096, 28672},
+	{"qwen3_wi", 128, 32768, 2048, 1536},
+	{"qwen3_small", 128, 2048, 2048, 1536},
+}
+
+// benchGEMM times call, whose operands are a[M,K] and b[M or G·K, ·] (random bf16),
+// out (bf16) and uniform sizes, and reports 2·M·K·N flops per call as TFLOP/s.
+func benchGEMM(b *testing.B, G, M, K, N int, aShape, bShape, outShape []int,
+	call func(s *device.Stream, out, a, bt, sizes, status *device.Tensor) error) {
 	d := dt.GPU(b)
 	if err := Supported(d); err != nil {
 		b.Skip(err)
 	}
 	s := d.Stream()
-	a := dt.Must(s.Alloc(device.BF16, M, K))
-	w := dt.Must(s.Alloc(device.BF16, G, K, N))
-	y := dt.Must(s.Alloc(device.BF16, M, N))
+	a := dt.Must(s.Alloc(device.BF16, aShape...))
+	bt := dt.Must(s.Alloc(device.BF16, bShape...))
+	out := dt.Must(s.Alloc(device.BF16, outShape...))
 	randomize(b, s, a)
-	randomize(b, s, w)
+	randomize(b, s, bt)
 	sizes := make([]int32, G)
 	for i := range sizes {
 		sizes[i] = int32(M / G)
@@ -144,36 +159,32 @@ func benchCase(b *testing.B, G, M, K, N int, bMN bool) {
 	sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
 	st := dt.Must(s.Alloc(device.I32, 4))
 	dt.NoErr(b, device.Fill(s, st, 0))
-	dt.NoErr(b, GroupedGEMM(s, y, a, w, sz, st, bMN))
+	dt.NoErr(b, call(s, out, a, bt, sz, st))
 	dt.NoErr(b, s.Synchronize())
 	b.ResetTimer()
 	for range b.N {
-		dt.NoErr(b, GroupedGEMM(s, y, a, w, sz, st, bMN))
+		dt.NoErr(b, call(s, out, a, bt, sz, st))
 	}
 	dt.NoErr(b, s.Synchronize())
 	b.ReportMetric(2*float64(M)*float64(K)*float64(N)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
-	for _, x := range []*device.Tensor{a, w, y, sz, st} {
+	for _, x := range []*device.Tensor{a, bt, out, sz, st} {
 		x.Free()
 	}
 }
 
 func BenchmarkGrouped(b *testing.B) {
-	for _, c := range []struct {
-		name       string
-		G, M, K, N int
-	}{
-		{"dsv3_wi", 32, 65536, 7168, 4096},
-		{"dsv3_wo", 32, 65536, 2048, 7168},
-		{"mixtral_wi", 8, 32768, 4096, 28672},
-		{"qwen3_wi", 128, 32768, 2048, 1536},
-		{"qwen3_small", 128, 2048, 2048, 1536},
-	} {
+	for _, c := range benchCases {
 		for _, mn := range []bool{true, false} {
 			name := c.name + "/kmaj"
 			if mn {
 				name = c.name + "/mnmaj"
 			}
-			b.Run(name, func(b *testing.B) { benchCase(b, c.G, c.M, c.K, c.N, mn) })
+			b.Run(name, func(b *testing.B) {
+				benchGEMM(b, c.G, c.M, c.K, c.N, []int{c.M, c.K}, []int{c.G, c.K, c.N}, []int{c.M, c.N},
+					func(s *device.Stream, y, x, w, sz, st *device.Tensor) error {
+						return GroupedGEMM(s, y, x, w, sz, st, mn)
+					})
+			})
 		}
 	}
 }
@@ -259,45 +270,12 @@ func TestWeightGrad(t *testing.T) {
 }
 
 func BenchmarkWeightGrad(b *testing.B) {
-	for _, c := range []struct {
-		name       string
-		G, M, K, N int
-	}{
-		{"dsv3_wi", 32, 65536, 7168, 4096},
-		{"dsv3_wo", 32, 65536, 2048, 7168},
-		{"mixtral_wi", 8, 32768, 4096, 28672},
-		{"qwen3_wi", 128, 32768, 2048, 1536},
-		{"qwen3_small", 128, 2048, 2048, 1536},
-	} {
+	for _, c := range benchCases {
 		b.Run(c.name, func(b *testing.B) {
-			d := dt.GPU(b)
-			if err := Supported(d); err != nil {
-				b.Skip(err)
-			}
-			s := d.Stream()
-			x := dt.Must(s.Alloc(device.BF16, c.M, c.K))
-			dy := dt.Must(s.Alloc(device.BF16, c.M, c.N))
-			dw := dt.Must(s.Alloc(device.BF16, c.G, c.K, c.N))
-			randomize(b, s, x)
-			randomize(b, s, dy)
-			sizes := make([]int32, c.G)
-			for i := range sizes {
-				sizes[i] = int32(c.M / c.G)
-			}
-			sz := dt.Must(device.FromSlice(s, device.I32, sizes, c.G))
-			st := dt.Must(s.Alloc(device.I32, 4))
-			dt.NoErr(b, device.Fill(s, st, 0))
-			dt.NoErr(b, WeightGrad(s, dw, x, dy, sz, st, false))
-			dt.NoErr(b, s.Synchronize())
-			b.ResetTimer()
-			for range b.N {
-				dt.NoErr(b, WeightGrad(s, dw, x, dy, sz, st, false))
-			}
-			dt.NoErr(b, s.Synchronize())
-			b.ReportMetric(2*float64(c.M)*float64(c.K)*float64(c.N)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
-			for _, v := range []*device.Tensor{x, dy, dw, sz, st} {
-				v.Free()
-			}
+			benchGEMM(b, c.G, c.M, c.K, c.N, []int{c.M, c.K}, []int{c.M, c.N}, []int{c.G, c.K, c.N},
+				func(s *device.Stream, dw, x, dy, sz, st *device.Tensor) error {
+					return WeightGrad(s, dw, x, dy, sz, st, false)
+				})
 		})
 	}
 }

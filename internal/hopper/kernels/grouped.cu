@@ -106,6 +106,42 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
+// hb_setup, run by thread 0: scans the group sizes into row offsets rstart[0..G] (and,
+// when tstart is not null, tile offsets of ntn tiles per 128-row block), records the
+// first invalid size in status (block 0 only) and initializes the S-stage barrier ring.
+// It returns the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
+__device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int *tstart, int *rstart, int *status,
+                                        u64 *full, u64 *empty, int S) {
+    int t = 0, r = 0, err = 0, eg = 0, ev = 0;
+    for (int g = 0; g < G && !err; g++) {
+        int sz = sizes[g];
+        if (tstart) tstart[g] = t;
+        rstart[g] = r;
+        if (sz < 0) {
+            err = 1, eg = g, ev = sz;
+        } else if (sz > M - r) {
+            err = 2, eg = g, ev = r + sz;
+        } else {
+            r += sz;
+            t += ((sz + HB_BM - 1) / HB_BM) * ntn;
+        }
+    }
+    if (tstart) tstart[G] = t;
+    rstart[G] = r;
+    if (err && blockIdx.x == 0 && status) {
+        status[1] = eg;
+        status[2] = ev;
+        __threadfence();
+        status[0] = err;
+    }
+    for (int s = 0; s < S; s++) {
+        hb_mbar_init(&full[s], 1);
+        hb_mbar_init(&empty[s], 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    return err;
+}
+
 // The group of linear tile index tile: the largest g with tstart[g] <= tile.
 __device__ __forceinline__ int hb_group(const int *tstart, int G, int tile) {
     int lo = 0, hi = G - 1;
@@ -129,36 +165,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     __shared__ int bad;
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
-    if (tid == 0) {
-        int t = 0, r = 0, err = 0, eg = 0, ev = 0;
-        for (int g = 0; g < G && !err; g++) {
-            int sz = sizes[g];
-            tstart[g] = t;
-            rstart[g] = r;
-            if (sz < 0) {
-                err = 1, eg = g, ev = sz;
-            } else if (sz > M - r) {
-                err = 2, eg = g, ev = r + sz;
-            } else {
-                r += sz;
-                t += ((sz + HB_BM - 1) / HB_BM) * ntn;
-            }
-        }
-        tstart[G] = t;
-        rstart[G] = r;
-        bad = err;
-        if (err && blockIdx.x == 0 && status) {
-            status[1] = eg;
-            status[2] = ev;
-            __threadfence();
-            status[0] = err;
-        }
-        for (int s = 0; s < HB_STAGES; s++) {
-            hb_mbar_init(&full[s], 1);
-            hb_mbar_init(&empty[s], 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) bad = hb_setup(sizes, G, M, ntn, tstart, rstart, status, full, empty, HB_STAGES);
     __syncthreads();
     if (bad) return;
     const int total = tstart[G];
@@ -292,33 +299,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     int *rstart = (int *)(empty + S);
     __shared__ int bad;
     const int tid = threadIdx.x;
-    if (tid == 0) {
-        int r = 0, err = 0, eg = 0, ev = 0;
-        for (int g = 0; g < G && !err; g++) {
-            int sz = sizes[g];
-            rstart[g] = r;
-            if (sz < 0) {
-                err = 1, eg = g, ev = sz;
-            } else if (sz > M - r) {
-                err = 2, eg = g, ev = r + sz;
-            } else {
-                r += sz;
-            }
-        }
-        rstart[G] = r;
-        bad = err;
-        if (err && blockIdx.x == 0 && status) {
-            status[1] = eg;
-            status[2] = ev;
-            __threadfence();
-            status[0] = err;
-        }
-        for (int s = 0; s < S; s++) {
-            hb_mbar_init(&full[s], 1);
-            hb_mbar_init(&empty[s], 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) bad = hb_setup(sizes, G, M, 0, nullptr, rstart, status, full, empty, S);
     __syncthreads();
     if (bad) return;
     const int tk = (K + HB_BM - 1) / HB_BM, tn = (N + HB_BN - 1) / HB_BN;
