@@ -304,10 +304,11 @@ func TestRoundTrip(t *testing.T) {
 	})
 }
 
+// TestEventsOrderStreams: work on b (a priority stream) waits for a's event.
 func TestEventsOrderStreams(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		a := dt.Must(d.NewStream())
-		b := dt.Must(d.NewStream())
+		b := dt.Must(d.NewPriorityStream())
 		defer a.Close()
 		defer b.Close()
 		n := 1 << 20

@@ -39,6 +39,29 @@ func (d *Device) NewStream() (*Stream, error) {
 	return s, nil
 }
 
+// NewPriorityStream creates a stream on d with the highest priority the GPU offers:
+// when multiprocessors free up, blocks of its kernels are scheduled before those of
+// ordinary streams (running blocks are not preempted). Use it for work that others wait
+// on, such as transfers. On the CPU it is NewStream. Close it when done.
+func (d *Device) NewPriorityStream() (*Stream, error) {
+	if d.kind != KindCUDA {
+		return d.NewStream()
+	}
+	s := &Stream{dev: d, owned: true}
+	err := d.Do(func() error {
+		_, hi, err := cuda.StreamPriorityRange()
+		if err != nil {
+			return err
+		}
+		s.h, err = cuda.StreamCreateWithPriority(cuda.StreamNonBlocking, hi)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // WrapStream returns a Stream for a CUDA stream handle created elsewhere (by
 // gorgonia.org/cu or another binding) in d's primary context. Closing it does not destroy it.
 func (d *Device) WrapStream(handle uintptr) (*Stream, error) {

@@ -3,6 +3,8 @@ package ep_test
 import (
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,8 +30,25 @@ var (
 // other ranks), and the rate of the bytes rank 0 sent in both.
 func BenchmarkDispatchCombine(b *testing.B) {
 	for _, d := range dt.Devices(b) {
-		for _, route := range []string{"uniform", "zipf"} {
-			b.Run(fmt.Sprintf("%v/%s", d, route), func(b *testing.B) {
+		for _, v := range []struct {
+			route   string
+			chunks  int     // 0: the default
+			threads int     // row kernels' block; 0: the default
+			perSM   float64 // row kernels' blocks per multiprocessor; 0: the default
+			slow    bool    // transfers on an ordinary stream
+		}{{"uniform", 0, 0, 0, false}, {"zipf", 0, 0, 0, false}, {"uniform", 0, 256, 4, false}, {"uniform", 2, 0, 0, false}} {
+			route := v.route
+			name := fmt.Sprintf("%v/%s", d, route)
+			if v.chunks != 0 || v.threads != 0 || v.slow {
+				if !d.IsCUDA() {
+					continue
+				}
+				name += fmt.Sprintf("/chunks=%d/threads=%d/perSM=%g/ordinary=%v", v.chunks, v.threads, v.perSM, v.slow)
+			}
+			b.Run(name, func(b *testing.B) {
+				if v.threads != 0 || v.slow {
+					defer ep.Tune(v.threads, v.perSM, !v.slow)()
+				}
 				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: route, seed: 41}
 				var trs []ep.Transport
 				if d.IsCUDA() {
@@ -37,7 +56,7 @@ func BenchmarkDispatchCombine(b *testing.B) {
 					benchOnce.Do(func() { benchNCCL, benchErr = ep.NewNCCLWorld(devs, 120*time.Second) })
 					dt.NoErr(b, benchErr)
 					trs = benchNCCL
-					sc = scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: route, seed: 42}
+					sc = scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: route, seed: 42, chunks: v.chunks}
 				} else {
 					w, err := ep.NewWorld(sc.R)
 					dt.NoErr(b, err)
@@ -53,8 +72,10 @@ func BenchmarkDispatchCombine(b *testing.B) {
 
 type benchResult struct {
 	dispatch, combine time.Duration
-	sentD, sentC      int64 // bytes sent by Dispatch and by Combine
-	plain             int64 // T·K·row bytes
+	sentD, sentC      int64         // bytes sent by Dispatch and by Combine
+	plain             int64         // T·K·row bytes
+	host              time.Duration // the host's time to enqueue the steps
+	timeline          []string      // the marks of one traced step, in ms from its start
 }
 
 func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
@@ -88,6 +109,11 @@ func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
 	b.ReportMetric(float64(r0.sentD)/1e6, "MB-sent/dispatch")
 	b.ReportMetric(float64(r0.sentD)/float64(r0.plain), "dispatch/TKrows")
 	b.ReportMetric(float64(r0.sentD+r0.sentC)*n/total.Seconds()/1e9, "GB/s")
+	b.ReportMetric(float64(r0.host.Microseconds())/1e3/n, "host-ms/step")
+	for r, res := range res {
+		sort.Strings(res.timeline)
+		b.Logf("rank %d, one step (ms from its start, D: dispatch, C: combine):\n%s", r, strings.Join(res.timeline, "\n"))
+	}
 }
 
 func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (benchResult, error) {
@@ -142,16 +168,19 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 		}
 	}
 	res.plain = int64(T*K) * rowB
+	op := "" // the op a trace mark belongs to
 	step := func(e0, e1, e2 *device.Event) error {
 		if e0 != nil {
 			if err := e0.Record(s); err != nil {
 				return err
 			}
 		}
+		op = "D"
 		D, err := l.Dispatch(s, x, w)
 		if err != nil {
 			return err
 		}
+		op = "C"
 		if e1 != nil {
 			if err := e1.Record(s); err != nil {
 				return err
@@ -187,13 +216,43 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 	if err := ph.wait(); err != nil {
 		return res, err
 	}
+	// The last step has its points marked: the timeline of the overlap, on the device
+	// and (when the host reached each point) on the host, from the step's start.
+	type mark struct {
+		at   string
+		e    *device.Event
+		host time.Duration
+	}
+	var marks []mark
+	var hostStart time.Time
+	trace := func(at string, ms *device.Stream) {
+		if e, err := ms.Record(); err == nil {
+			marks = append(marks, mark{op + " " + at, e, time.Since(hostStart)})
+		}
+	}
+	t0 := time.Now()
 	for i := range n {
+		if i == n-1 {
+			hostStart = time.Now()
+			ep.SetTrace(g, trace)
+		}
 		if err := step(evs[3*i], evs[3*i+1], evs[3*i+2]); err != nil {
 			return res, err
 		}
 	}
+	res.host = time.Since(t0)
+	ep.SetTrace(g, nil)
 	if err := tr.Sync(s); err != nil {
 		return res, err
+	}
+	for _, m := range marks {
+		d, err := m.e.Since(evs[3*(n-1)])
+		m.e.Close()
+		if err != nil {
+			return res, err
+		}
+		res.timeline = append(res.timeline, fmt.Sprintf("%7.3f (host %7.3f) %s", float64(d.Microseconds())/1e3,
+			float64(m.host.Microseconds())/1e3, m.at))
 	}
 	for i := range n {
 		a, err1 := evs[3*i+1].Since(evs[3*i])
@@ -205,4 +264,97 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 		res.combine += c
 	}
 	return res, nil
+}
+
+// BenchmarkPhases times each phase of Dispatch and Combine alone on rank 0 (the same
+// setting as BenchmarkDispatchCombine, uniform routing): packing, the transfer in one
+// piece and in Config.Chunks pieces, replication, weighted and final sums, in ms.
+func BenchmarkPhases(b *testing.B) {
+	for _, d := range dt.Devices(b) {
+		for _, cfg := range []struct {
+			threads int
+			perSM   float64
+		}{{0, 0}, {256, 4}} {
+			name := d.String()
+			if cfg.threads != 0 {
+				if !d.IsCUDA() {
+					continue
+				}
+				name += fmt.Sprintf("/threads=%d/perSM=%g", cfg.threads, cfg.perSM)
+			}
+			b.Run(name, func(b *testing.B) {
+				defer ep.Tune(cfg.threads, cfg.perSM, true)()
+				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: "uniform", seed: 41}
+				var trs []ep.Transport
+				if d.IsCUDA() {
+					devs := twoGPUs(b)
+					benchOnce.Do(func() { benchNCCL, benchErr = ep.NewNCCLWorld(devs, 120*time.Second) })
+					dt.NoErr(b, benchErr)
+					trs = benchNCCL
+					sc = scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: "uniform", seed: 42}
+				} else {
+					w, err := ep.NewWorld(sc.R)
+					dt.NoErr(b, err)
+					for r := range sc.R {
+						trs = append(trs, w.Transport(r))
+					}
+				}
+				r := dt.Rand(sc.seed)
+				zipf := zipfWeights(r, sc.E)
+				res := make([]map[string]time.Duration, len(trs))
+				errs := make([]error, len(trs))
+				var wg sync.WaitGroup
+				for i, tr := range trs {
+					idx := make([]int32, 0, sc.T[i]*sc.K)
+					for range sc.T[i] {
+						idx = append(idx, route(r, sc, zipf)...)
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						res[i], errs[i] = phasesRank(tr, sc, idx, b.N)
+					}()
+				}
+				wg.Wait()
+				dt.NoErr(b, errors.Join(errs...))
+				for name, t := range res[0] {
+					b.ReportMetric(float64(t.Microseconds())/1e3, "ms-"+strings.ReplaceAll(name, " ", "-"))
+				}
+			})
+		}
+	}
+}
+
+func phasesRank(tr ep.Transport, sc scen, idxv []int32, n int) (map[string]time.Duration, error) {
+	d := tr.Device()
+	s, err := d.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	g, err := ep.NewGroup(tr, sc.cfg())
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	T := sc.T[tr.Rank()]
+	idx, err := device.FromSlice(s, device.I32, idxv, T, sc.K)
+	if err != nil {
+		return nil, err
+	}
+	defer idx.Free()
+	x, err := s.Alloc(sc.dt, T, sc.H)
+	if err != nil {
+		return nil, err
+	}
+	defer x.Free()
+	if err := device.Fill(s, x, 0.5); err != nil {
+		return nil, err
+	}
+	l, err := g.Layout(s, idx)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Free()
+	return l.Phases(s, x, n)
 }

@@ -37,8 +37,8 @@ type backend interface {
 	// order, in float32 (w nil: weights of 1).
 	wsum(s *device.Stream, dst, y, w, slot *device.Tensor) error
 	// finalSum writes out row t = Σ_d back[sendRow[t, d]] over sendRow[t, d] ≥ 0, in
-	// rank order, in float32.
-	finalSum(s *device.Stream, out, back, sendRow *device.Tensor) error
+	// rank order, in float32, for the tokens of part (nil: all).
+	finalSum(s *device.Stream, out, back, sendRow *device.Tensor, part *finalPart) error
 	// replicateScaled writes, for each row j of slot with source row g (as in replicate)
 	// and each slot sl = slot[j, k] ≥ 0: dy[sl] = w[sl]·g, and dw[sl] = ⟨y[sl], g⟩ when
 	// dw and y are not nil (float32, summed as one warp of the GPU does: see warpDot).
@@ -275,7 +275,7 @@ func (cpuBackend) wsum(s *device.Stream, dst, y, w, slot *device.Tensor) error {
 	})
 }
 
-func (cpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor) error {
+func (cpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor, part *finalPart) error {
 	return s.EnqueueCPU(func() {
 		T, R, H, dt := out.Dim(0), sendRow.Dim(1), out.Dim(1), out.DType()
 		rb := rowBytes(out)
@@ -283,6 +283,9 @@ func (cpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor) 
 		par.For(T, 16, func(lo, hi int) {
 			acc, v := make([]float32, H), make([]float32, H)
 			for t := lo; t < hi; t++ {
+				if part != nil && !part.takes(sr[t*R:(t+1)*R]) {
+					continue
+				}
 				clear(acc)
 				for d := range R {
 					q := int(sr[t*R+d])

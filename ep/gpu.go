@@ -19,7 +19,6 @@ type gpuBackend struct{ dev *device.Device }
 
 const (
 	block      = 256 // threads per block
-	rowWarps   = 8   // warps per block of the row kernels: block/32
 	maxEntries = 1024
 )
 
@@ -39,11 +38,29 @@ func (b *gpuBackend) launch(s *device.Stream, name string, grid, smem int, args 
 	return k.Launch(s, device.D1(grid), device.D1(block), smem, args...)
 }
 
-// rowGrid is the grid of a row kernel over n rows: a warp per row, at most 4 blocks
-// (half the threads) per multiprocessor, the rest looping, so that NCCL's kernels on
-// the transfer stream find room beside them.
+// The grid of the row kernels: blocks of rowThreads threads (a warp per row), at most
+// rowPerSM blocks per multiprocessor, looping over the rows. One block of 1024 threads
+// on three quarters of the multiprocessors leaves the rest to the kernels of NCCL's
+// transfers, which run beside the row kernels and cannot share a multiprocessor with a
+// full block (measured on two H200s: docs/perf.md).
+var (
+	rowThreads = 1024
+	rowPerSM   = 0.75
+)
+
+// rowGrid is the grid of a row kernel over n rows.
 func (b *gpuBackend) rowGrid(n int) int {
-	return max(1, min((n+rowWarps-1)/rowWarps, 4*b.dev.Multiprocessors()))
+	w := rowThreads / 32
+	return max(1, min((n+w-1)/w, int(rowPerSM*float64(b.dev.Multiprocessors()))))
+}
+
+// rowLaunch launches row kernel name over n rows.
+func (b *gpuBackend) rowLaunch(s *device.Stream, name string, n int, args ...any) error {
+	k, err := b.dev.Kernel(Kernels, name)
+	if err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(b.rowGrid(n)), device.D1(rowThreads), 0, args...)
 }
 
 func blocks(n int) int { return max(1, (n+block-1)/block) }
@@ -198,7 +215,7 @@ func (b *gpuBackend) gather(s *device.Stream, dst, src, rowMap *device.Tensor) e
 	if n == 0 || rb == 0 {
 		return nil
 	}
-	return b.launch(s, "ep_gather_"+vecName(rb, dst, src), b.rowGrid(n), 0, dst, src, opt(rowMap), int64(n), int64(rb))
+	return b.rowLaunch(s, "ep_gather_"+vecName(rb, dst, src), n, dst, src, opt(rowMap), int64(n), int64(rb))
 }
 
 func (b *gpuBackend) replicate(s *device.Stream, X, W, src, srcW, rowMap, slot *device.Tensor) error {
@@ -209,7 +226,7 @@ func (b *gpuBackend) replicate(s *device.Stream, X, W, src, srcW, rowMap, slot *
 	if W == nil {
 		srcW = nil
 	}
-	return b.launch(s, "ep_replicate_"+vecName(rb, X, src), b.rowGrid(n), 0, X, opt(W), src, opt(srcW), opt(rowMap), slot, int64(n), i32(K), int64(rb))
+	return b.rowLaunch(s, "ep_replicate_"+vecName(rb, X, src), n, X, opt(W), src, opt(srcW), opt(rowMap), slot, int64(n), i32(K), int64(rb))
 }
 
 func (b *gpuBackend) wsum(s *device.Stream, dst, y, w, slot *device.Tensor) error {
@@ -221,10 +238,10 @@ func (b *gpuBackend) wsum(s *device.Stream, dst, y, w, slot *device.Tensor) erro
 	if err != nil {
 		return err
 	}
-	return b.launch(s, "ep_wsum_"+dn, b.rowGrid(n), 0, dst, y, opt(w), slot, int64(n), i32(K), int64(H), vec8(H, dst, y))
+	return b.rowLaunch(s, "ep_wsum_"+dn, n, dst, y, opt(w), slot, int64(n), i32(K), int64(H), vec8(H, dst, y))
 }
 
-func (b *gpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor) error {
+func (b *gpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor, part *finalPart) error {
 	T, R, H := out.Dim(0), sendRow.Dim(1), out.Dim(1)
 	if T == 0 {
 		return nil
@@ -233,7 +250,13 @@ func (b *gpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tenso
 	if err != nil {
 		return err
 	}
-	return b.launch(s, "ep_final_sum_"+dn, b.rowGrid(T), 0, out, back, sendRow, int64(T), i32(R), int64(H), vec8(H, out, back))
+	var offs any = uint64(0)
+	rank, c, C := int32(0), int32(0), int32(1)
+	if part != nil {
+		offs, rank, c, C = part.dev, i32(part.rank), i32(part.c), i32(part.C)
+	}
+	return b.rowLaunch(s, "ep_final_sum_"+dn, T, out, back, sendRow, int64(T), i32(R), int64(H), vec8(H, out, back),
+		offs, rank, C, c)
 }
 
 func (b *gpuBackend) replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot, w, y *device.Tensor) error {
@@ -245,7 +268,7 @@ func (b *gpuBackend) replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot
 	if err != nil {
 		return err
 	}
-	return b.launch(s, "ep_rscale_"+dn, b.rowGrid(n), 0, dy, opt(dw), src, opt(rowMap), slot, opt(w), opt(y),
+	return b.rowLaunch(s, "ep_rscale_"+dn, n, dy, opt(dw), src, opt(rowMap), slot, opt(w), opt(y),
 		int64(n), i32(K), int64(H), vec8(H, dy, src, y))
 }
 

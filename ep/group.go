@@ -23,6 +23,8 @@ type Group struct {
 	l    int // experts per rank
 	k    int // top-k
 
+	trace func(at string, s *device.Stream) // test hook: marks points of Dispatch and Combine
+
 	step    int // layouts since the last capacity check (CheckEvery > 1)
 	pending *CapacityError
 	dropped int64
@@ -51,11 +53,20 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 		}
 	}
 	var err error
-	if g.cs, err = g.dev.NewStream(); err != nil {
+	if priorityTransfers {
+		g.cs, err = g.dev.NewPriorityStream()
+	} else {
+		g.cs, err = g.dev.NewStream()
+	}
+	if err != nil {
 		return nil, err
 	}
 	return g, nil
 }
+
+// priorityTransfers runs transfers on a stream of the highest priority, so that the
+// kernels of a transfer start as soon as multiprocessors free up.
+var priorityTransfers = true
 
 // Close releases the group's stream. It does not close the transport.
 func (g *Group) Close() error { return g.cs.Close() }
@@ -88,7 +99,9 @@ type Layout struct {
 	meta    *device.Tensor // I32 [Rv, K+1]: per received row, the local expert of each k (-1: none), then the source token
 	slot    *device.Tensor // I32 [Rv, K]: expert-major row of each (received row, k), -1 if none or dropped
 	counts  *device.Tensor // I32 [L]: rows kept per local expert
-	recvOfs *device.Tensor // I32 [R+1]: recvOff on the device, for Origins
+	offs    *device.Tensor // I32 [2(R+1)]: recvOff and sendOff on the device
+	recvOfs *device.Tensor // a view of offs: recvOff, for Origins
+	sendOfs *device.Tensor // a view of offs: sendOff, for Combine's final sums
 
 	tokTo, tokFrom   []int // [R] tokens sent to / received from each rank
 	sendOff, recvOff []int // [R+1] prefix sums of tokTo and tokFrom
@@ -168,11 +181,17 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 	}
 	// recvOff on the device for Origins, uploaded now that s is idle: the upload waits
 	// for s, which later may hold transfers that only a peer can complete.
-	off := make([]int32, R+1)
-	for i, v := range l.recvOff {
-		off[i] = int32(v)
+	off := make([]int32, 2*(R+1))
+	for i := range R + 1 {
+		off[i], off[R+1+i] = int32(l.recvOff[i]), int32(l.sendOff[i])
 	}
-	if l.recvOfs, err = device.FromSlice(s, device.I32, off, R+1); err != nil {
+	if l.offs, err = device.FromSlice(s, device.I32, off, 2*(R+1)); err != nil {
+		return nil, err
+	}
+	if l.recvOfs, err = l.offs.View(0, R+1); err != nil {
+		return nil, err
+	}
+	if l.sendOfs, err = l.offs.View(R+1, R+1); err != nil {
 		return nil, err
 	}
 
@@ -312,7 +331,7 @@ func (l *Layout) plan(host []int32) error {
 // Free releases the layout's device memory, in stream order on the stream it was made on.
 func (l *Layout) Free() error {
 	var errs []error
-	for _, x := range []*device.Tensor{l.idx, l.sendRow, l.sendTok, l.meta, l.slot, l.counts, l.recvOfs} {
+	for _, x := range []*device.Tensor{l.idx, l.sendRow, l.sendTok, l.meta, l.slot, l.counts, l.offs} {
 		if x != nil {
 			errs = append(errs, x.Free())
 		}

@@ -237,13 +237,16 @@ func (t *ncclTransport) fail(err error) error {
 	return t.err
 }
 
-// backoff waits a little before poll i+1: spinning at first, then sleeping up to 1 ms.
-func backoff(i int) {
-	if i < 64 {
+// backoff waits a little before poll i+1 of a wait that began at start. It spins
+// (yielding the processor) for the first 2 ms, the time NCCL takes to enqueue a group
+// and short transfers take to finish, so that the caller learns at once; then it sleeps
+// between polls, up to 1 ms.
+func backoff(start time.Time, i int) {
+	if time.Since(start) < 2*time.Millisecond {
 		runtime.Gosched()
 		return
 	}
-	time.Sleep(min(time.Duration(i-63)*10*time.Microsecond, time.Millisecond))
+	time.Sleep(min(time.Duration(i+1)*10*time.Microsecond, time.Millisecond))
 }
 
 // state polls the communicator's asynchronous state.
@@ -288,7 +291,8 @@ func (t *ncclTransport) call(what string, issue func() error) error {
 // wait polls until the communicator's last call is done, failing at the deadline. Call
 // it inside the Do of that call (see call).
 func (t *ncclTransport) wait(what string) error {
-	deadline := time.Now().Add(t.timeout)
+	start := time.Now()
+	deadline := start.Add(t.timeout)
 	for i := 0; ; i++ {
 		pending, err := t.state()
 		if err != nil {
@@ -300,7 +304,7 @@ func (t *ncclTransport) wait(what string) error {
 		if time.Now().After(deadline) {
 			return t.fail(fmt.Errorf("ep: NCCL %s on rank %d did not finish within %v: a peer is gone or stuck", what, t.rank, t.timeout))
 		}
-		backoff(i)
+		backoff(start, i)
 	}
 }
 
@@ -374,7 +378,8 @@ func (t *ncclTransport) Sync(s *device.Stream) error {
 		return err
 	}
 	defer e.Close()
-	deadline := time.Now().Add(t.timeout)
+	start := time.Now()
+	deadline := start.Add(t.timeout)
 	for i := 0; ; i++ {
 		done, err := e.Done()
 		if err != nil {
@@ -389,7 +394,7 @@ func (t *ncclTransport) Sync(s *device.Stream) error {
 		if time.Now().After(deadline) {
 			return t.fail(fmt.Errorf("ep: rank %d: the stream's NCCL work did not finish within %v: a peer is gone or stuck", t.rank, t.timeout))
 		}
-		backoff(i)
+		backoff(start, i)
 	}
 }
 

@@ -33,8 +33,65 @@ func (d *Dispatched) Free() error {
 }
 
 // chunk returns rows [lo, hi) of chunk c of C of a segment of n rows. A sender and its
-// receiver split a segment alike, as both know n.
-func chunk(n, c, C int) (lo, hi int) { return n * c / C, n * (c + 1) / C }
+// receiver split a segment alike, as both know n. The two end chunks weigh one unit and
+// those between three (chunkStart): short end chunks shorten what cannot overlap a
+// transfer, the packing before the first and the placing after the last.
+func chunk(n, c, C int) (lo, hi int) {
+	u := chunkUnits(C)
+	return n * chunkStart(c, C) / u, n * chunkStart(c+1, C) / u
+}
+
+// chunkUnits is the weight of all C chunks.
+func chunkUnits(C int) int {
+	if C <= 1 {
+		return 1
+	}
+	return 3*C - 4
+}
+
+// chunkStart is the weight of the chunks before chunk c of C.
+func chunkStart(c, C int) int {
+	switch {
+	case c <= 0:
+		return 0
+	case c >= C:
+		return chunkUnits(C)
+	}
+	return 1 + 3*(c-1)
+}
+
+// chunkOf returns the chunk of C that row i of a segment of n rows lies in (the mirror
+// of ep_chunk_of in the kernels).
+func chunkOf(i, n, C int) int {
+	for c := C - 1; c > 0; c-- {
+		if lo, _ := chunk(n, c, C); i >= lo {
+			return c
+		}
+	}
+	return 0
+}
+
+// finalPart selects the tokens of one final sum of Combine: those whose last partial
+// sum from another rank arrives with chunk c of C, or, for c = -1, those with no
+// partial sum from another rank.
+type finalPart struct {
+	rank, c, C int
+	sendOff    []int          // [R+1] the layout's send offsets
+	dev        *device.Tensor // I32 [R+1] sendOff on the device (GPU backend)
+}
+
+// takes reports whether the part holds the token whose send rows are rows (one per rank,
+// -1 where it does not go).
+func (f *finalPart) takes(rows []int32) bool {
+	last := -1
+	for d, q := range rows {
+		if d == f.rank || q < 0 {
+			continue
+		}
+		last = max(last, chunkOf(int(q)-f.sendOff[d], f.sendOff[d+1]-f.sendOff[d], f.C))
+	}
+	return last == f.c
+}
 
 // compact returns the offsets of each rank's rows in a buffer that holds only the rows
 // of other ranks: off (a prefix sum over all ranks) without rank r's segment.
@@ -63,6 +120,13 @@ func optRows(x *device.Tensor, lo, hi int) *device.Tensor {
 		return nil
 	}
 	return rows(x, lo, hi)
+}
+
+// mark calls the group's trace hook, if any, for a point of an op reached on s.
+func (g *Group) mark(s *device.Stream, format string, args ...any) {
+	if g.trace != nil {
+		g.trace(fmt.Sprintf(format, args...), s)
+	}
 }
 
 // temps allocates an op's temporary tensors on s and frees them together, in stream
@@ -248,22 +312,26 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 			return err
 		}
 		return g.be.gather(s, rows(sendW, cso[p]+lo, cso[p]+hi), weights, m)
+	}, func() error {
+		// What this rank routes to itself, straight from x, while the transfers run.
+		if n := l.tokTo[r]; n > 0 {
+			m := rows(l.sendTok, l.sendOff[r], l.sendOff[r]+n)
+			if err := place(x, weights, m, rows(l.slot, l.recvOff[r], l.recvOff[r]+n)); err != nil {
+				return err
+			}
+		}
+		g.mark(s, "place own")
+		return nil
 	})
 	defer settle(s, arrived)
 	if err != nil {
 		return err
 	}
-	// What this rank routes to itself, straight from x, while the transfers run.
-	if n := l.tokTo[r]; n > 0 {
-		m := rows(l.sendTok, l.sendOff[r], l.sendOff[r]+n)
-		if err := place(x, weights, m, rows(l.slot, l.recvOff[r], l.recvOff[r]+n)); err != nil {
-			return err
-		}
-	}
 	for c, e := range arrived {
 		if err := s.Wait(e); err != nil {
 			return err
 		}
+		g.mark(s, "wait %d", c)
 		for p := range R {
 			if p == r {
 				continue
@@ -278,20 +346,47 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 				return err
 			}
 		}
+		g.mark(s, "place %d", c)
 	}
 	return nil
 }
 
 // transfers runs an op's transfers in Config.Chunks pieces on the group's transfer
-// stream. For piece c and each other rank p, pack(p, lo, hi) enqueues on s the filling of
-// rows [lo, hi) of p's send segment (sendCnt[p] rows of the send tensors from row
-// sendOff[p]); once s has done that, the piece moves, into the receive tensors at
-// recvOff[p] plus piece c of recvCnt[p] rows. It returns an event per piece, recorded on
-// the transfer stream when the piece has arrived: pass them to settle.
+// stream. First it enqueues on s, for each piece c and each other rank p, pack(p, lo,
+// hi): the filling of rows [lo, hi) of p's send segment (sendCnt[p] rows of the send
+// tensors from row sendOff[p]); then local(), the op's work that needs no transfer; then
+// the transfers, each piece moving once s has packed it, into the receive tensors at
+// recvOff[p] plus piece c of recvCnt[p] rows. Enqueuing the kernels of s before the
+// transfers keeps the device busy while the host is in the transport's calls. It returns
+// an event per piece, recorded on the transfer stream when the piece has arrived: pass
+// them to settle.
 func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvCnt []int,
-	pack func(p, lo, hi int) error) ([]*device.Event, error) {
+	pack func(p, lo, hi int) error, local func() error) ([]*device.Event, error) {
 	R, r, C, cs := l.g.r, l.g.rank, l.g.cfg.Chunks, l.g.cs
-	var arrived []*device.Event
+	var packed, arrived []*device.Event
+	defer func() {
+		for _, e := range packed {
+			e.Close()
+		}
+	}()
+	for c := range C {
+		for p := range R {
+			if lo, hi := chunk(sendCnt[p], c, C); p != r && hi > lo {
+				if err := pack(p, lo, hi); err != nil {
+					return arrived, err
+				}
+			}
+		}
+		l.g.mark(s, "pack %d", c)
+		e, err := s.Record()
+		if err != nil {
+			return arrived, err
+		}
+		packed = append(packed, e)
+	}
+	if err := local(); err != nil {
+		return arrived, err
+	}
 	for c := range C {
 		ex := &Exchange{Send: send, Recv: recv, SendOff: make([]int, R), SendCount: make([]int, R), RecvOff: make([]int, R), RecvCount: make([]int, R)}
 		for p := range R {
@@ -300,26 +395,17 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 			}
 			lo, hi := chunk(sendCnt[p], c, C)
 			ex.SendOff[p], ex.SendCount[p] = sendOff[p]+lo, hi-lo
-			if hi > lo {
-				if err := pack(p, lo, hi); err != nil {
-					return arrived, err
-				}
-			}
 			lo, hi = chunk(recvCnt[p], c, C)
 			ex.RecvOff[p], ex.RecvCount[p] = recvOff[p]+lo, hi-lo
 		}
-		packed, err := s.Record()
-		if err != nil {
+		if err := cs.Wait(packed[c]); err != nil {
 			return arrived, err
 		}
-		err = cs.Wait(packed)
-		packed.Close()
-		if err != nil {
-			return arrived, err
-		}
+		l.g.mark(cs, "transfer %d start", c)
 		if err := l.g.tr.AllToAllV(cs, ex); err != nil {
 			return arrived, err
 		}
+		l.g.mark(cs, "transfer %d", c)
 		e, err := cs.Record()
 		if err != nil {
 			return arrived, err
@@ -426,26 +512,37 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 		return g.be.dwPack(s, rows(dd, at, at+n), slot, dW)
 	}
 	cro := compact(l.recvOff, r)
+	C := g.cfg.Chunks
 	arrived, err := l.transfers(s, nonNil(zsend, dsend), nonNil(back, dback), cro, l.tokFrom, l.sendOff, l.tokTo, func(p, lo, hi int) error {
 		return sums(zsend, dsend, cro[p]+lo, l.recvOff[p]+lo, hi-lo)
+	}, func() error {
+		// This rank's own partial sums go straight to their place; then the final sums
+		// of the tokens with no other rank's partial sum.
+		if n := l.tokTo[r]; n > 0 {
+			if err := sums(back, dback, l.sendOff[r], l.recvOff[r], n); err != nil {
+				return err
+			}
+		}
+		g.mark(s, "sums own")
+		err := g.be.finalSum(s, out, back, l.sendRow, &finalPart{rank: r, c: -1, C: C, sendOff: l.sendOff, dev: l.sendOfs})
+		g.mark(s, "final local")
+		return err
 	})
 	defer settle(s, arrived)
 	if err != nil {
 		return err
 	}
-	// This rank's own partial sums go straight to their place.
-	if n := l.tokTo[r]; n > 0 {
-		if err := sums(back, dback, l.sendOff[r], l.recvOff[r], n); err != nil {
-			return err
-		}
-	}
-	for _, e := range arrived {
+	// The final sums of the tokens whose last partial sum from another rank came with
+	// each chunk, as the chunks arrive.
+	for c, e := range arrived {
 		if err := s.Wait(e); err != nil {
 			return err
 		}
-	}
-	if err := g.be.finalSum(s, out, back, l.sendRow); err != nil {
-		return err
+		g.mark(s, "wait %d", c)
+		if err := g.be.finalSum(s, out, back, l.sendRow, &finalPart{rank: r, c: c, C: C, sendOff: l.sendOff, dev: l.sendOfs}); err != nil {
+			return err
+		}
+		g.mark(s, "final %d", c)
 	}
 	if dW != nil {
 		return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)

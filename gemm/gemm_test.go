@@ -135,10 +135,27 @@ func newOperands(seed uint64, sh shape, f form, layout gemm.WeightLayout, in, ou
 	}
 	o.a = rounded(in, dt.Normal(r, prod(o.aShape), 1))
 	o.b = rounded(in, dt.Normal(r, prod(o.bShape), 1))
+	// Rows past the groups belong to none: NaN there must reach no result.
+	used := 0
+	for _, s := range o.sizes {
+		used += max(0, int(s))
+	}
+	if used <= M {
+		nanRows(o.a[used*o.aShape[1]:])
+		if f == wgrad {
+			nanRows(o.b[used*N:])
+		}
+	}
 	if accumulate {
 		o.c0 = rounded(out, dt.Normal(r, prod(o.cShape), 4))
 	}
 	return o
+}
+
+func nanRows(v []float32) {
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
 }
 
 func prod(s []int) int {

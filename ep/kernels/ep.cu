@@ -6,8 +6,8 @@
 //
 // Data: row gathers, replication of received rows into expert-major order, weighted
 // sums for combine, the final sum of the partial rows each rank sends back, and the
-// backward of combine. Row kernels give each row to one warp (blocks of 256 threads,
-// EP_WARPS warps). Sums run in float32 in a fixed order with __fadd_rn and __fmul_rn, so
+// backward of combine. Row kernels give each row to one warp (blocks of up to EP_WARPS
+// warps, looping over the rows). Sums run in float32 in a fixed order with __fadd_rn and __fmul_rn, so
 // that nothing is contracted into an FMA and results are bit-identical to the Go code of
 // the package (ep/cpu.go), which follows the same order.
 #include "dtype.cuh"
@@ -19,7 +19,7 @@ typedef long long i64;
 
 #define EP_MAX_ENTRIES 1024 // routing entries per block of the counting sort
 #define EP_MAX_K 64         // the most routing entries per token
-#define EP_WARPS 8          // warps per block of the row kernels
+#define EP_WARPS 32         // the most warps per block of the row kernels (1024 threads)
 
 // ---------------------------------------------------------------------------------
 // Layout
@@ -219,8 +219,8 @@ __device__ __forceinline__ void ep_gather(u8 *__restrict__ dst, const u8 *__rest
                                           i64 n, i64 rowBytes) {
     const i64 nv = rowBytes / (i64)sizeof(V);
     const int lane = threadIdx.x & 31;
-    const i64 nw = (i64)gridDim.x * EP_WARPS;
-    for (i64 j = (i64)blockIdx.x * EP_WARPS + (threadIdx.x >> 5); j < n; j += nw) {
+    const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 j = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += nw) {
         const V *s = (const V *)(src + ep_row(map, j) * rowBytes);
         V *d = (V *)(dst + j * rowBytes);
         for (i64 c = lane; c < nv; c += 128) {
@@ -236,7 +236,7 @@ __device__ __forceinline__ void ep_gather(u8 *__restrict__ dst, const u8 *__rest
 }
 
 #define EP_GATHER(N, V)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) ep_gather_##N(u8 *__restrict__ dst, const u8 *__restrict__ src, \
+    extern "C" __global__ void __launch_bounds__(1024) ep_gather_##N(u8 *__restrict__ dst, const u8 *__restrict__ src, \
                                                                     const int *__restrict__ map, i64 n, i64 rowBytes) { \
         ep_gather<V>(dst, src, map, n, rowBytes);                                                                  \
     }
@@ -253,8 +253,8 @@ __device__ __forceinline__ void ep_replicate(u8 *__restrict__ X, float *__restri
     __shared__ int ss[EP_WARPS][EP_MAX_K];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 nv = rowBytes / (i64)sizeof(V);
-    const i64 nw = (i64)gridDim.x * EP_WARPS;
-    for (i64 j = (i64)blockIdx.x * EP_WARPS + warp; j < n; j += nw) {
+    const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 j = (i64)blockIdx.x * (blockDim.x >> 5) + warp; j < n; j += nw) {
         const i64 r = ep_row(map, j);
         __syncwarp();
         for (int k = lane; k < K; k += 32) {
@@ -282,7 +282,7 @@ __device__ __forceinline__ void ep_replicate(u8 *__restrict__ X, float *__restri
 }
 
 #define EP_REPLICATE(N, V)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256)                                                                \
+    extern "C" __global__ void __launch_bounds__(1024)                                                                \
         ep_replicate_##N(u8 *__restrict__ X, float *__restrict__ Wout, const u8 *__restrict__ src,                 \
                          const float *__restrict__ srcW, const int *__restrict__ map, const int *__restrict__ slot, \
                          i64 n, int K, i64 rowBytes) {                                                               \
@@ -356,6 +356,42 @@ __device__ __forceinline__ void ep_st8(typename ep_ty<DT>::T *__restrict__ p, i6
     }
 }
 
+// Eight elements as raw 16-byte words (two for f32), so that a lane can have several
+// loads in flight before it converts any.
+struct ep_pk {
+    uint4 a, b;
+};
+
+// Loads elements [h, h+8) of the row at p, which lie in the row and are 16-byte aligned.
+template <int DT>
+__device__ __forceinline__ void ep_ldraw(const typename ep_ty<DT>::T *__restrict__ p, i64 h, ep_pk &k) {
+    k.a = __ldg((const uint4 *)(p + h));
+    if constexpr (sizeof(typename ep_ty<DT>::T) == 4) k.b = __ldg((const uint4 *)(p + h + 4));
+}
+
+// The floats of a pack of ep_ldraw.
+template <int DT>
+__device__ __forceinline__ void ep_unpack(const ep_pk &k, float f[8]) {
+    typedef ep_ty<DT> E;
+    if constexpr (sizeof(typename E::T) == 4) {
+        f[0] = __uint_as_float(k.a.x), f[1] = __uint_as_float(k.a.y), f[2] = __uint_as_float(k.a.z), f[3] = __uint_as_float(k.a.w);
+        f[4] = __uint_as_float(k.b.x), f[5] = __uint_as_float(k.b.y), f[6] = __uint_as_float(k.b.z), f[7] = __uint_as_float(k.b.w);
+    } else {
+        const u32 w[4] = {k.a.x, k.a.y, k.a.z, k.a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = E::ld((u16)(w[i] & 0xffffu));
+            f[2 * i + 1] = E::ld((u16)(w[i] >> 16));
+        }
+    }
+}
+
+// Pieces of 8 elements per lane in flight in the summing kernels: fewer for f32, whose
+// pieces take twice the registers.
+template <int DT> struct ep_unroll {
+    static constexpr int U = sizeof(typename ep_ty<DT>::T) == 4 ? 2 : 4;
+};
+
 // Loads a row's slots (and their weights: W[sl], or 1 when W is null) into shared memory
 // for the warp.
 __device__ __forceinline__ void ep_load_slots(int *ss, float *sw, const int *__restrict__ slot, const float *__restrict__ W,
@@ -370,52 +406,127 @@ __device__ __forceinline__ void ep_load_slots(int *ss, float *sw, const int *__r
 }
 
 // dst row j = sum over k with sl = slot[j*K + k] >= 0, in k order, of W[sl] * y row sl
-// (W null: 1), in float32 from 0, rounded to the element type.
+// (W null: 1), in float32 from 0, rounded to the element type. With vec, each lane
+// loads U 8-element pieces of a row before it adds any, so that U loads are in flight.
 template <int DT>
 __device__ __forceinline__ void ep_wsum(typename ep_ty<DT>::T *__restrict__ dst, const typename ep_ty<DT>::T *__restrict__ y,
                                         const float *__restrict__ W, const int *__restrict__ slot, i64 n, int K, i64 H, int vec) {
+    constexpr int U = ep_unroll<DT>::U;
     __shared__ int ss[EP_WARPS][EP_MAX_K];
     __shared__ float sw[EP_WARPS][EP_MAX_K];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const i64 nw = (i64)gridDim.x * EP_WARPS;
-    for (i64 j = (i64)blockIdx.x * EP_WARPS + warp; j < n; j += nw) {
+    const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 j = (i64)blockIdx.x * (blockDim.x >> 5) + warp; j < n; j += nw) {
         ep_load_slots(ss[warp], sw[warp], slot, W, j, K, lane);
-        for (i64 h = (i64)lane * 8; h < H; h += 256) {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        const i64 step = vec ? 256 * U : 256;
+        for (i64 h0 = (i64)lane * 8; h0 < H; h0 += step) {
+            float acc[U][8];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[u][i] = 0.f;
             for (int k = 0; k < K; k++) {
                 const int sl = ss[warp][k];
                 if (sl < 0) continue;
                 const float w = sw[warp][k];
-                float v[8];
-                ep_ld8<DT>(y + (i64)sl * H, h, H, vec, v);
+                if (vec) {
+                    ep_pk pk[U];
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, v[i]));
+                    for (int u = 0; u < U; u++)
+                        if (h0 + 256 * u < H) ep_ldraw<DT>(y + (i64)sl * H, h0 + 256 * u, pk[u]);
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        if (h0 + 256 * u >= H) continue;
+                        float v[8];
+                        ep_unpack<DT>(pk[u], v);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[u][i] = __fadd_rn(acc[u][i], __fmul_rn(w, v[i]));
+                    }
+                } else {
+                    float v[8];
+                    ep_ld8<DT>(y + (i64)sl * H, h0, H, false, v);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[0][i] = __fadd_rn(acc[0][i], __fmul_rn(w, v[i]));
+                }
             }
-            ep_st8<DT>(dst + j * H, h, H, vec, acc);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if ((u == 0 || vec) && h0 + 256 * u < H) ep_st8<DT>(dst + j * H, h0 + 256 * u, H, vec, acc[u]);
         }
     }
 }
 
+// The start of chunk c of C of a segment of n rows: the end chunks weigh one unit, those
+// between three (chunk and chunkStart in ep/ops.go).
+__device__ __forceinline__ i64 ep_chunk_lo(i64 n, int c, int C) {
+    const i64 units = C <= 1 ? 1 : 3 * C - 4;
+    const i64 start = c <= 0 ? 0 : (c >= C ? units : 1 + 3 * (c - 1));
+    return n * start / units;
+}
+
+// The chunk of C that row i of a segment of n rows lies in (chunkOf in ep/ops.go).
+__device__ __forceinline__ int ep_chunk_of(i64 i, i64 n, int C) {
+    for (int c = C - 1; c > 0; c--)
+        if (i >= ep_chunk_lo(n, c, C)) return c;
+    return 0;
+}
+
 // out row t = sum over d < R with r = sendRow[t*R + d] >= 0, in d order, of back row r,
-// in float32 from 0, rounded to the element type.
+// in float32 from 0, rounded to the element type; loads batched as in ep_wsum. With
+// sendOff (I32 [R+1], not null), only for the tokens whose last row from a rank other
+// than rank lies in chunk c of C of that rank's segment (c = -1: tokens with none).
 template <int DT>
 __device__ __forceinline__ void ep_final_sum(typename ep_ty<DT>::T *__restrict__ out, const typename ep_ty<DT>::T *__restrict__ back,
-                                             const int *__restrict__ sendRow, i64 T, int R, i64 H, int vec) {
+                                             const int *__restrict__ sendRow, i64 T, int R, i64 H, int vec,
+                                             const int *__restrict__ sendOff, int rank, int C, int c) {
+    constexpr int U = ep_unroll<DT>::U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const i64 nw = (i64)gridDim.x * EP_WARPS;
-    for (i64 t = (i64)blockIdx.x * EP_WARPS + warp; t < T; t += nw) {
+    const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + warp; t < T; t += nw) {
         const int *rows = sendRow + t * R;
-        for (i64 h = (i64)lane * 8; h < H; h += 256) {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (sendOff) {
+            int last = -1;
+            for (int d = 0; d < R; d++) {
+                const int q = __ldg(rows + d);
+                if (d == rank || q < 0) continue;
+                const int lo = __ldg(sendOff + d);
+                last = max(last, ep_chunk_of(q - lo, __ldg(sendOff + d + 1) - lo, C));
+            }
+            if (last != c) continue;
+        }
+        const i64 step = vec ? 256 * U : 256;
+        for (i64 h0 = (i64)lane * 8; h0 < H; h0 += step) {
+            float acc[U][8];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[u][i] = 0.f;
             for (int d = 0; d < R; d++) {
                 const int r = __ldg(rows + d);
                 if (r < 0) continue;
-                float v[8];
-                ep_ld8<DT>(back + (i64)r * H, h, H, vec, v);
+                if (vec) {
+                    ep_pk pk[U];
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[i] = __fadd_rn(acc[i], v[i]);
+                    for (int u = 0; u < U; u++)
+                        if (h0 + 256 * u < H) ep_ldraw<DT>(back + (i64)r * H, h0 + 256 * u, pk[u]);
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        if (h0 + 256 * u >= H) continue;
+                        float v[8];
+                        ep_unpack<DT>(pk[u], v);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[u][i] = __fadd_rn(acc[u][i], v[i]);
+                    }
+                } else {
+                    float v[8];
+                    ep_ld8<DT>(back + (i64)r * H, h0, H, false, v);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[0][i] = __fadd_rn(acc[0][i], v[i]);
+                }
             }
-            ep_st8<DT>(out + t * H, h, H, vec, acc);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if ((u == 0 || vec) && h0 + 256 * u < H) ep_st8<DT>(out + t * H, h0 + 256 * u, H, vec, acc[u]);
         }
     }
 }
@@ -433,9 +544,9 @@ __device__ __forceinline__ void ep_rscale(typename ep_ty<DT>::T *__restrict__ dy
     __shared__ int ss[EP_WARPS][EP_MAX_K];
     __shared__ float sw[EP_WARPS][EP_MAX_K];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const i64 nw = (i64)gridDim.x * EP_WARPS;
+    const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
     const bool dot = dw != 0 && y != 0;
-    for (i64 j = (i64)blockIdx.x * EP_WARPS + warp; j < n; j += nw) {
+    for (i64 j = (i64)blockIdx.x * (blockDim.x >> 5) + warp; j < n; j += nw) {
         ep_load_slots(ss[warp], sw[warp], slot, W, j, K, lane);
         const typename ep_ty<DT>::T *g = src + ep_row(map, j) * H;
         for (int k = 0; k < K; k++) {
@@ -467,17 +578,18 @@ __device__ __forceinline__ void ep_rscale(typename ep_ty<DT>::T *__restrict__ dy
 }
 
 #define EP_ARITH(N, DT)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256)                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                                                     \
         ep_wsum_##N(ep_ty<DT>::T *__restrict__ dst, const ep_ty<DT>::T *__restrict__ y, const float *__restrict__ W,      \
                     const int *__restrict__ slot, i64 n, int K, i64 H, int vec) {                                         \
         ep_wsum<DT>(dst, y, W, slot, n, K, H, vec);                                                                       \
     }                                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256)                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                                                     \
         ep_final_sum_##N(ep_ty<DT>::T *__restrict__ out, const ep_ty<DT>::T *__restrict__ back,                           \
-                         const int *__restrict__ sendRow, i64 T, int R, i64 H, int vec) {                                 \
-        ep_final_sum<DT>(out, back, sendRow, T, R, H, vec);                                                               \
+                         const int *__restrict__ sendRow, i64 T, int R, i64 H, int vec, const int *__restrict__ sendOff,  \
+                         int rank, int C, int c) {                                                                        \
+        ep_final_sum<DT>(out, back, sendRow, T, R, H, vec, sendOff, rank, C, c);                                          \
     }                                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256)                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                                                     \
         ep_rscale_##N(ep_ty<DT>::T *__restrict__ dy, float *__restrict__ dw, const ep_ty<DT>::T *__restrict__ src,        \
                       const int *__restrict__ map, const int *__restrict__ slot, const float *__restrict__ W,             \
                       const ep_ty<DT>::T *__restrict__ y, i64 n, int K, i64 H, int vec) {                                 \

@@ -88,11 +88,13 @@ type driver struct {
 	cuCtxSynchronize          func() int32
 	cuCtxEnablePeerAccess     func(peer Context, flags uint32) int32
 
-	cuStreamCreate      func(s *Stream, flags uint32) int32
-	cuStreamDestroy     func(s Stream) int32
-	cuStreamSynchronize func(s Stream) int32
-	cuStreamQuery       func(s Stream) int32
-	cuStreamWaitEvent   func(s Stream, e Event, flags uint32) int32
+	cuStreamCreate              func(s *Stream, flags uint32) int32
+	cuStreamCreateWithPriority  func(s *Stream, flags uint32, priority int32) int32
+	cuCtxGetStreamPriorityRange func(least, greatest *int32) int32
+	cuStreamDestroy             func(s Stream) int32
+	cuStreamSynchronize         func(s Stream) int32
+	cuStreamQuery               func(s Stream) int32
+	cuStreamWaitEvent           func(s Stream, e Event, flags uint32) int32
 
 	cuEventCreate      func(e *Event, flags uint32) int32
 	cuEventDestroy     func(e Event) int32
@@ -201,6 +203,8 @@ func (d *driver) load(path string) error {
 	lib.bind(&d.cuCtxSynchronize, "cuCtxSynchronize")
 	lib.bind(&d.cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
 	lib.bind(&d.cuStreamCreate, "cuStreamCreate")
+	lib.bind(&d.cuStreamCreateWithPriority, "cuStreamCreateWithPriority")
+	lib.bind(&d.cuCtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange")
 	lib.bind(&d.cuStreamDestroy, "cuStreamDestroy_v2")
 	lib.bind(&d.cuStreamSynchronize, "cuStreamSynchronize")
 	lib.bind(&d.cuStreamQuery, "cuStreamQuery")
@@ -367,6 +371,22 @@ func StreamCreate(flags int) (Stream, error) {
 	var s Stream
 	err := check("cuStreamCreate", drv.cuStreamCreate(&s, uint32(flags)))
 	return s, err
+}
+
+// StreamCreateWithPriority creates a stream with the given flags and priority (lower
+// numbers are higher priorities; see StreamPriorityRange).
+func StreamCreateWithPriority(flags, priority int) (Stream, error) {
+	var s Stream
+	err := check("cuStreamCreateWithPriority", drv.cuStreamCreateWithPriority(&s, uint32(flags), int32(priority)))
+	return s, err
+}
+
+// StreamPriorityRange returns the current context's least and greatest stream
+// priorities (greatest is the numerically lowest).
+func StreamPriorityRange() (least, greatest int, err error) {
+	var l, g int32
+	err = check("cuCtxGetStreamPriorityRange", drv.cuCtxGetStreamPriorityRange(&l, &g))
+	return int(l), int(g), err
 }
 
 // StreamDestroy destroys s once its work is done.

@@ -88,18 +88,18 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 	if Kc%8 != 0 || N%8 != 0 || G > maxG || G < 1 {
 		return fmt.Errorf("hopper: GroupedGEMM needs Kc, N multiples of 8 and 1 ≤ G ≤ %d (Kc=%d N=%d G=%d)", maxG, Kc, N, G)
 	}
-	tmA, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(a.Ptr()),
+	tmA, err := tensorMap(d, cuda.DevicePtr(a.Ptr()),
 		[]uint64{uint64(Kc), uint64(M)}, []uint64{uint64(Kc) * 2}, []uint32{bk, bm}, cuda.TensorMapSwizzle128B)
 	if err != nil {
 		return err
 	}
 	var tmB []byte
 	if bMN {
-		tmB, err = cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(b.Ptr()),
+		tmB, err = tensorMap(d, cuda.DevicePtr(b.Ptr()),
 			[]uint64{uint64(N), uint64(Kc), uint64(G)}, []uint64{uint64(N) * 2, uint64(N) * uint64(Kc) * 2},
 			[]uint32{64, bk, 1}, cuda.TensorMapSwizzle128B)
 	} else {
-		tmB, err = cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(b.Ptr()),
+		tmB, err = tensorMap(d, cuda.DevicePtr(b.Ptr()),
 			[]uint64{uint64(Kc), uint64(N), uint64(G)}, []uint64{uint64(Kc) * 2, uint64(N) * uint64(Kc) * 2},
 			[]uint32{bk, bn, 1}, cuda.TensorMapSwizzle128B)
 	}
@@ -146,17 +146,17 @@ func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc b
 	if K%8 != 0 || N%8 != 0 || G > maxG || G < 1 {
 		return fmt.Errorf("hopper: WeightGrad needs K, N multiples of 8 and 1 ≤ G ≤ %d (K=%d N=%d G=%d)", maxG, K, N, G)
 	}
-	tmX, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(x.Ptr()),
+	tmX, err := tensorMap(d, cuda.DevicePtr(x.Ptr()),
 		[]uint64{uint64(K), uint64(M)}, []uint64{uint64(K) * 2}, []uint32{64, bk}, cuda.TensorMapSwizzle128B)
 	if err != nil {
 		return err
 	}
-	tmDY, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(dy.Ptr()),
+	tmDY, err := tensorMap(d, cuda.DevicePtr(dy.Ptr()),
 		[]uint64{uint64(N), uint64(M)}, []uint64{uint64(N) * 2}, []uint32{64, bk}, cuda.TensorMapSwizzle128B)
 	if err != nil {
 		return err
 	}
-	tmDW, err := cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, cuda.DevicePtr(dw.Ptr()),
+	tmDW, err := tensorMap(d, cuda.DevicePtr(dw.Ptr()),
 		[]uint64{uint64(N), uint64(K), uint64(G)}, []uint64{uint64(N) * 2, uint64(N) * uint64(K) * 2}, []uint32{64, 64, 1},
 		cuda.TensorMapSwizzle128B)
 	if err != nil {
@@ -175,6 +175,18 @@ func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc b
 	}
 	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmX, tmDY, tmDW, dw, sizes,
 		int32(G), int32(M), int32(K), int32(N), statusArg(status))
+}
+
+// tensorMap encodes a tiled bf16 tensor map with d's context current on the calling
+// thread, which the driver requires.
+func tensorMap(d *device.Device, addr cuda.DevicePtr, dims, strides []uint64, box []uint32, swizzle int) ([]byte, error) {
+	var m []byte
+	err := d.Do(func() error {
+		var err error
+		m, err = cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, addr, dims, strides, box, swizzle)
+		return err
+	})
+	return m, err
 }
 
 func statusArg(t *device.Tensor) any {

@@ -57,6 +57,7 @@ func TestGroupedGEMM(t *testing.T) {
 		{"mnmaj_ragged", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, true, device.BF16},
 		{"mnmaj_big", 1024, 1024, 512, []int32{256, 0, 512, 200}, true, device.F32},
 		{"kmaj_big", 1024, 1024, 512, []int32{256, 0, 512, 200}, false, device.F32},
+		{"mnmaj_70_groups", 3000, 128, 256, manySizes(70, 80), true, device.BF16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := dt.Rand(7)
@@ -106,6 +107,91 @@ func TestGroupedGEMM(t *testing.T) {
 			for _, x := range []*device.Tensor{a, b, sz, st, y} {
 				x.Free()
 			}
+		})
+	}
+}
+
+// manySizes returns g group sizes from 0 to most, some of them 0, in a fixed order.
+func manySizes(g, most int) []int32 {
+	r := dt.Rand(uint64(g))
+	out := make([]int32, g)
+	for i := range out {
+		if r.IntN(5) > 0 {
+			out[i] = int32(r.IntN(most + 1))
+		}
+	}
+	return out
+}
+
+// TestInvalidSizes: a negative size or sizes summing past M, past the first 32 groups
+// (the kernels scan the sizes 32 at a time), set the status to the first bad group and
+// leave the output as it was.
+func TestInvalidSizes(t *testing.T) {
+	d := dt.GPU(t)
+	if err := Supported(d); err != nil {
+		if dt.RequireGPU() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	s := d.Stream()
+	const M, K, N = 512, 64, 64
+	for _, tc := range []struct {
+		name string
+		edit func(sz []int32)
+		want []int32
+	}{
+		{"negative", func(sz []int32) { sz[40] = -3; sz[50] = 1000 }, []int32{1, 40, -3}},
+		{"past_m", func(sz []int32) { sz[45] = 500; sz[60] = -1 }, []int32{2, 45, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sizes := make([]int32, 64)
+			for i := range sizes {
+				sizes[i] = 2
+			}
+			tc.edit(sizes)
+			if tc.want[0] == 2 {
+				tc.want[2] = 2*45 + 500
+			}
+			sz := dt.Must(device.FromSlice(s, device.I32, sizes, len(sizes)))
+			a := dt.Must(s.Alloc(device.BF16, M, K))
+			dt.NoErr(t, device.Fill(s, a, 1))
+			for _, wg := range []bool{false, true} {
+				st := dt.Must(s.Alloc(device.I32, 4))
+				dt.NoErr(t, device.Fill(s, st, 0))
+				var out *device.Tensor
+				if wg {
+					dy := dt.Must(s.Alloc(device.BF16, M, N))
+					dt.NoErr(t, device.Fill(s, dy, 1))
+					out = dt.Must(s.Alloc(device.F32, len(sizes), K, N))
+					dt.NoErr(t, device.Fill(s, out, 7))
+					dt.NoErr(t, WeightGrad(s, out, a, dy, sz, st, false))
+					dy.Free()
+				} else {
+					b := dt.Must(s.Alloc(device.BF16, len(sizes), K, N))
+					dt.NoErr(t, device.Fill(s, b, 1))
+					out = dt.Must(s.Alloc(device.F32, M, N))
+					dt.NoErr(t, device.Fill(s, out, 7))
+					dt.NoErr(t, GroupedGEMM(s, out, a, b, sz, st, true))
+					b.Free()
+				}
+				stat := make([]int32, 4)
+				dt.NoErr(t, device.Download(s, st, stat))
+				if got := stat[:3]; got[0] != tc.want[0] || got[1] != tc.want[1] || got[2] != tc.want[2] {
+					t.Errorf("weight gradient %v: status %v, want %v", wg, got, tc.want)
+				}
+				vals := dt.Must(out.Float32s(s))
+				for i, v := range vals {
+					if v != 7 {
+						t.Errorf("weight gradient %v: output[%d] = %v, want it untouched (7)", wg, i, v)
+						break
+					}
+				}
+				out.Free()
+				st.Free()
+			}
+			a.Free()
+			sz.Free()
 		})
 	}
 }
@@ -209,6 +295,7 @@ func TestWeightGrad(t *testing.T) {
 		{"ragged", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, false, device.F32},
 		{"ragged_bf16", 700, 200, 320, []int32{0, 129, 1, 300, 0, 200}, false, device.BF16},
 		{"acc", 1000, 256, 512, []int32{500, 0, 63, 65, 300}, true, device.F32},
+		{"70_groups_bf16", 3000, 128, 256, manySizes(70, 80), false, device.BF16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := dt.Rand(9)
@@ -220,6 +307,17 @@ func TestWeightGrad(t *testing.T) {
 				for i := range v {
 					v[i] = device.BF16ToFloat32(device.BF16FromFloat32(v[i]))
 				}
+			}
+			// Rows past the groups belong to none: NaN there must not reach dw.
+			used := 0
+			for _, n := range tc.sizes {
+				used += int(n)
+			}
+			for i := used * tc.K; i < len(xv); i++ {
+				xv[i] = float32(math.NaN())
+			}
+			for i := used * tc.N; i < len(yv); i++ {
+				yv[i] = float32(math.NaN())
 			}
 			x := dt.Must(device.FromFloat32(s, device.BF16, xv, tc.M, tc.K))
 			dy := dt.Must(device.FromFloat32(s, device.BF16, yv, tc.M, tc.N))

@@ -29,18 +29,22 @@ struct __align__(64) dl_tmap {
 #define HB_STAGE_BYTES (HB_A_BYTES + HB_B_BYTES)
 #define HB_MAXG 1024
 
-// Tail: zero rows [sum(sizes), M) of y. Does nothing for invalid sizes.
+// Tail: zero rows [sum(sizes), M) of y. Does nothing for invalid sizes. Warp 0 sums the
+// sizes, 32 at a time.
 extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32) {
     __shared__ int tot;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {
         long long s = 0;
-        int ok = 1;
-        for (int g = 0; g < G; g++) {
-            int v = sizes[g];
-            if (v < 0) ok = 0;
+        int neg = 0;
+        for (int g = threadIdx.x; g < G; g += 32) {
+            const int v = sizes[g];
+            neg |= v < 0;
             s += v;
         }
-        tot = (ok && s <= M) ? (int)s : M;
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        neg = __any_sync(0xffffffffu, neg);
+        if (threadIdx.x == 0) tot = (!neg && s <= M) ? (int)s : M;
     }
     __syncthreads();
     u64 start = (u64)tot * N, end = (u64)M * N;
@@ -86,6 +90,14 @@ __device__ __forceinline__ void hb_tma3d(void *dst, const dl_tmap *tm, int c0, i
         : "memory");
 }
 
+// Two floats as a bf16x2 word (lo in the low half), rounded to nearest even in one
+// instruction (the rounding of dl_f32_to_bf16).
+__device__ __forceinline__ u32 hb_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ u64 hb_desc(const void *p, u32 lbo, u32 sbo) {
     u64 d = (u64)((hb_smem(p) & 0x3FFFF) >> 4);
@@ -106,39 +118,65 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-// hb_setup, run by thread 0: scans the group sizes into row offsets rstart[0..G] (and,
-// when tstart is not null, tile offsets of ntn tiles per 128-row block), records the
-// first invalid size in status (block 0 only) and initializes the S-stage barrier ring.
-// It returns the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
+// hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
+// rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per 128-row
+// block), 32 groups at a time with warp shuffles, records the first invalid size in
+// status (block 0 only) and initializes the S-stage barrier ring. It returns, in every
+// lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
 __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int *tstart, int *rstart, int *status,
                                         u64 *full, u64 *empty, int S) {
-    int t = 0, r = 0, err = 0, eg = 0, ev = 0;
-    for (int g = 0; g < G && !err; g++) {
-        int sz = sizes[g];
-        if (tstart) tstart[g] = t;
-        rstart[g] = r;
-        if (sz < 0) {
-            err = 1, eg = g, ev = sz;
-        } else if (sz > M - r) {
-            err = 2, eg = g, ev = r + sz;
-        } else {
-            r += sz;
-            t += ((sz + HB_BM - 1) / HB_BM) * ntn;
+    const int lane = threadIdx.x & 31;
+    long long r = 0;
+    int t = 0, err = 0, eg = 0;
+    long long ev = 0;
+    for (int base = 0; base < G; base += 32) {
+        const int g = base + lane;
+        const int sz = g < G ? sizes[g] : 0;
+        const int tl = sz > 0 ? ((sz + HB_BM - 1) / HB_BM) * ntn : 0;
+        long long rin = sz; // inclusive prefix sums within the 32 groups
+        int tin = tl;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const long long a = __shfl_up_sync(0xffffffffu, rin, o);
+            const int b = __shfl_up_sync(0xffffffffu, tin, o);
+            if (lane >= o) rin += a, tin += b;
         }
+        // Before the first negative size the prefix sums are exact, so the first error is
+        // the earlier of the first negative size and the first sum past M.
+        const unsigned neg = __ballot_sync(0xffffffffu, g < G && sz < 0);
+        const unsigned over = __ballot_sync(0xffffffffu, g < G && r + rin > M);
+        const int fn = neg ? __ffs(neg) - 1 : 32, fo = over ? __ffs(over) - 1 : 32;
+        if (g < G) {
+            rstart[g] = (int)(r + rin - sz);
+            if (tstart) tstart[g] = t + tin - tl;
+        }
+        if (fn < 32 || fo < 32) {
+            const int at = min(fn, fo);
+            err = fo < fn ? 2 : 1;
+            eg = base + at;
+            ev = __shfl_sync(0xffffffffu, fo < fn ? r + rin : (long long)sz, at);
+            break;
+        }
+        r += __shfl_sync(0xffffffffu, rin, 31);
+        t += __shfl_sync(0xffffffffu, tin, 31);
     }
-    if (tstart) tstart[G] = t;
-    rstart[G] = r;
-    if (err && blockIdx.x == 0 && status) {
-        status[1] = eg;
-        status[2] = ev;
-        __threadfence();
-        status[0] = err;
+    if (lane == 0) {
+        if (!err) {
+            if (tstart) tstart[G] = t;
+            rstart[G] = (int)r;
+        }
+        if (err && blockIdx.x == 0 && status) {
+            status[1] = eg;
+            status[2] = (int)max(min(ev, (long long)0x7fffffff), (long long)-0x7fffffff - 1);
+            __threadfence();
+            status[0] = err;
+        }
+        for (int s = 0; s < S; s++) {
+            hb_mbar_init(&full[s], 1);
+            hb_mbar_init(&empty[s], 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    for (int s = 0; s < S; s++) {
-        hb_mbar_init(&full[s], 1);
-        hb_mbar_init(&empty[s], 256);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     return err;
 }
 
@@ -165,7 +203,10 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     __shared__ int bad;
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
-    if (tid == 0) bad = hb_setup(sizes, G, M, ntn, tstart, rstart, status, full, empty, HB_STAGES);
+    if (tid < 32) {
+        const int e = hb_setup(sizes, G, M, ntn, tstart, rstart, status, full, empty, HB_STAGES);
+        if (tid == 0) bad = e;
+    }
     __syncthreads();
     if (bad) return;
     const int total = tstart[G];
@@ -266,11 +307,10 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                         }
                     } else {
                         unsigned short *yp = (unsigned short *)y + rowoff + col;
-                        unsigned short b0 = dl_f32_to_bf16(v0), b1 = dl_f32_to_bf16(v1);
                         if (col + 1 < N) {
-                            *(u32 *)yp = (u32)b0 | ((u32)b1 << 16);
+                            *(u32 *)yp = hb_bf16x2(v0, v1);
                         } else if (col < N) {
-                            yp[0] = b0;
+                            yp[0] = dl_f32_to_bf16(v0);
                         }
                     }
                 }
@@ -281,9 +321,9 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
 
 // Weight gradient: dw[g] (K×N) = x_gᵀ · dy_g, contracting over the group's rows. Both operands
 // are MN-major: x [M,K] gives A = x_gᵀ in 2 boxes {64 K, 64 rows}, dy [M,N] gives B in 4 boxes
-// {64 N, 64 rows}. Rows of the last block past the group's end belong to the next group: each
-// consumer zeroes them in its A box before the wgmma. An empty group writes zeros (or leaves dw
-// unchanged when accumulating). ACC adds to dw instead of overwriting it.
+// {64 N, 64 rows}. Rows of the last block past the group's end belong to the next group or
+// to no group: the consumers zero them in A and B before the wgmma. An empty group writes
+// zeros (or leaves dw unchanged when accumulating). ACC adds to dw instead of overwriting it.
 // STG: stage the tile in shared memory (128-byte swizzled, 64×64 boxes) and write it with
 // asynchronous TMA stores that overlap the next tile's main loop; bf16 output without
 // accumulation only. Then only 3 stages fit beside the 64 KB staging area.
@@ -299,7 +339,10 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     int *rstart = (int *)(empty + S);
     __shared__ int bad;
     const int tid = threadIdx.x;
-    if (tid == 0) bad = hb_setup(sizes, G, M, 0, nullptr, rstart, status, full, empty, S);
+    if (tid < 32) {
+        const int e = hb_setup(sizes, G, M, 0, nullptr, rstart, status, full, empty, S);
+        if (tid == 0) bad = e;
+    }
     __syncthreads();
     if (bad) return;
     const int tk = (K + HB_BM - 1) / HB_BM, tn = (N + HB_BN - 1) / HB_BN;
@@ -352,10 +395,19 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                 unsigned char *sb = smem + st * HB_STAGE_BYTES + HB_A_BYTES;
                 int valid = sz - kb * HB_BK;
                 if (valid < HB_BK) {
+                    // Rows past the group's end (the next group's, or whatever lies
+                    // between sum(sizes) and M, NaN included) must not reach the sums:
+                    // each warpgroup zeroes them in its A box and in two of the four B
+                    // boxes, and both wait for each other before the wgmma.
                     uint4 z = make_uint4(0, 0, 0, 0);
                     for (int i = valid * 8 + ct; i < HB_BK * 8; i += 128) ((uint4 *)sa)[i] = z;
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        uint4 *bz = (uint4 *)(sb + (2 * c + j) * 8192);
+                        for (int i = valid * 8 + ct; i < HB_BK * 8; i += 128) bz[i] = z;
+                    }
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+                    asm volatile("bar.sync 3, 256;\n" ::: "memory");
                 }
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -383,7 +435,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                     for (int j = 0; j < 32; j++) {
                         int cc = 8 * j + 2 * (lane % 4);
                         int chunk = ((cc & 63) >> 3) ^ (rr & 7);
-                        u32 v = (u32)dl_f32_to_bf16(d[4 * j + 2 * h]) | ((u32)dl_f32_to_bf16(d[4 * j + 2 * h + 1]) << 16);
+                        u32 v = hb_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
                         *(u32 *)(mine + (cc >> 6) * 8192 + rr * 128 + chunk * 16 + (cc & 7) * 2) = v;
                     }
                 }
@@ -429,7 +481,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                                 u32 o = *(u32 *)yp;
                                 v0 += dl_bf16_to_f32((unsigned short)o), v1 += dl_bf16_to_f32((unsigned short)(o >> 16));
                             }
-                            *(u32 *)yp = (u32)dl_f32_to_bf16(v0) | ((u32)dl_f32_to_bf16(v1) << 16);
+                            *(u32 *)yp = hb_bf16x2(v0, v1);
                         } else if (col < N) {
                             yp[0] = dl_f32_to_bf16(ACC ? dl_bf16_to_f32(yp[0]) + v0 : v0);
                         }
