@@ -27,7 +27,11 @@ var (
 // step the milliseconds of dispatch + combine and of each, the bytes rank 0 sent in
 // Dispatch (rows and their weights) and their ratio to T·K·row bytes (the rows of all
 // routing entries, which an all-to-all without deduplication moves, (R-1)/R of them to
-// other ranks), and the rate of the bytes rank 0 sent in both.
+// other ranks), the rate of the bytes rank 0 sent in both, and the host's time to
+// enqueue a step. On GPUs it also runs the uniform case with the former grid of the row
+// kernels (256 threads, 4 blocks per multiprocessor) and with 2 chunks, and with -v it
+// logs each rank's timeline of the last step: when each point of the ops was reached on
+// the device and on the host.
 func BenchmarkDispatchCombine(b *testing.B) {
 	for _, d := range dt.Devices(b) {
 		for _, v := range []struct {
@@ -35,20 +39,17 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			chunks  int     // 0: the default
 			threads int     // row kernels' block; 0: the default
 			perSM   float64 // row kernels' blocks per multiprocessor; 0: the default
-			slow    bool    // transfers on an ordinary stream
-		}{{"uniform", 0, 0, 0, false}, {"zipf", 0, 0, 0, false}, {"uniform", 0, 256, 4, false}, {"uniform", 2, 0, 0, false}} {
+		}{{"uniform", 0, 0, 0}, {"zipf", 0, 0, 0}, {"uniform", 0, 256, 4}, {"uniform", 2, 0, 0}} {
 			route := v.route
 			name := fmt.Sprintf("%v/%s", d, route)
-			if v.chunks != 0 || v.threads != 0 || v.slow {
+			if v.chunks != 0 || v.threads != 0 {
 				if !d.IsCUDA() {
 					continue
 				}
-				name += fmt.Sprintf("/chunks=%d/threads=%d/perSM=%g/ordinary=%v", v.chunks, v.threads, v.perSM, v.slow)
+				name += fmt.Sprintf("/chunks=%d/threads=%d/perSM=%g", v.chunks, v.threads, v.perSM)
 			}
 			b.Run(name, func(b *testing.B) {
-				if v.threads != 0 || v.slow {
-					defer ep.Tune(v.threads, v.perSM, !v.slow)()
-				}
+				defer ep.Tune(v.threads, v.perSM)()
 				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: route, seed: 41}
 				var trs []ep.Transport
 				if d.IsCUDA() {
@@ -268,7 +269,9 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 
 // BenchmarkPhases times each phase of Dispatch and Combine alone on rank 0 (the same
 // setting as BenchmarkDispatchCombine, uniform routing): packing, the transfer in one
-// piece and in Config.Chunks pieces, replication, weighted and final sums, in ms.
+// piece and in Config.Chunks pieces, the chunked transfer beside the replication of the
+// rank's own rows, replication, weighted and final sums, in ms, and the host's time to
+// enqueue each (ms-host-...). On GPUs also with the former grid of the row kernels.
 func BenchmarkPhases(b *testing.B) {
 	for _, d := range dt.Devices(b) {
 		for _, cfg := range []struct {
@@ -283,7 +286,7 @@ func BenchmarkPhases(b *testing.B) {
 				name += fmt.Sprintf("/threads=%d/perSM=%g", cfg.threads, cfg.perSM)
 			}
 			b.Run(name, func(b *testing.B) {
-				defer ep.Tune(cfg.threads, cfg.perSM, true)()
+				defer ep.Tune(cfg.threads, cfg.perSM)()
 				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: "uniform", seed: 41}
 				var trs []ep.Transport
 				if d.IsCUDA() {

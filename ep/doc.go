@@ -60,6 +60,9 @@
 // # Streams
 //
 // Each op is enqueued on the caller's stream and on a second stream of the Group for
-// transfers, with events between them; only Layout waits for the device (for the
-// counts). On the CPU every op runs when called.
+// transfers (of the highest priority), with events between them; only Layout waits for
+// the device (for the counts). A transfer moves in Config.Chunks pieces: the caller's
+// stream packs the pieces, does the op's local work (this rank's own rows) while they
+// move, and places or sums each piece as it arrives. On the CPU every op runs when
+// called.
 package ep

@@ -7,18 +7,17 @@ import (
 )
 
 // Tune sets the row kernels' grid (threads per block and blocks per multiprocessor;
-// zeros leave them as they are) and priorityTransfers for a benchmark, and returns a
-// function that restores them. Call it while no group works.
-func Tune(threads int, perSM float64, priority bool) (restore func()) {
-	t, ps, p := rowThreads, rowPerSM, priorityTransfers
+// zeros leave them as they are) for a benchmark, and returns a function that restores
+// it. Call it while no group works.
+func Tune(threads int, perSM float64) (restore func()) {
+	t, ps := rowThreads, rowPerSM
 	if threads > 0 {
 		rowThreads = threads
 	}
 	if perSM > 0 {
 		rowPerSM = perSM
 	}
-	priorityTransfers = priority
-	return func() { rowThreads, rowPerSM, priorityTransfers = t, ps, p }
+	return func() { rowThreads, rowPerSM = t, ps }
 }
 
 // SetTrace sets the group's trace hook, called at points of Dispatch and Combine with

@@ -52,21 +52,14 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 			g.cfg.Chunks = 4
 		}
 	}
+	// Transfers run on a stream of the highest priority, so that their kernels start as
+	// soon as multiprocessors free up.
 	var err error
-	if priorityTransfers {
-		g.cs, err = g.dev.NewPriorityStream()
-	} else {
-		g.cs, err = g.dev.NewStream()
-	}
-	if err != nil {
+	if g.cs, err = g.dev.NewPriorityStream(); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
-
-// priorityTransfers runs transfers on a stream of the highest priority, so that the
-// kernels of a transfer start as soon as multiprocessors free up.
-var priorityTransfers = true
 
 // Close releases the group's stream. It does not close the transport.
 func (g *Group) Close() error { return g.cs.Close() }
