@@ -50,21 +50,7 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				defer ep.Tune(v.threads, v.perSM)()
-				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: route, seed: 41}
-				var trs []ep.Transport
-				if d.IsCUDA() {
-					devs := twoGPUs(b)
-					benchOnce.Do(func() { benchNCCL, benchErr = ep.NewNCCLWorld(devs, 120*time.Second) })
-					dt.NoErr(b, benchErr)
-					trs = benchNCCL
-					sc = scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: route, seed: 42, chunks: v.chunks}
-				} else {
-					w, err := ep.NewWorld(sc.R)
-					dt.NoErr(b, err)
-					for r := range sc.R {
-						trs = append(trs, w.Transport(r))
-					}
-				}
+				trs, sc := benchWorld(b, d, route, v.chunks)
 				benchDC(b, trs, sc)
 			})
 		}
@@ -79,11 +65,33 @@ type benchResult struct {
 	timeline          []string      // the marks of one traced step, in ms from its start
 }
 
-func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
+// benchWorld returns the ranks of the benchmarks on d and their scenario: on the CPU two
+// in-process ranks, T = 512 tokens each, H = 256 bf16, E = 16, K = 4; on GPUs two GPUs
+// over NCCL (one world for all benchmarks), T = 16384 tokens per rank, H = 7168 bf16,
+// E = 64, K = 8. chunks 0 leaves Config.Chunks at its default.
+func benchWorld(b *testing.B, d *device.Device, route string, chunks int) ([]ep.Transport, scen) {
+	if d.IsCUDA() {
+		devs := twoGPUs(b)
+		benchOnce.Do(func() { benchNCCL, benchErr = ep.NewNCCLWorld(devs, 120*time.Second) })
+		dt.NoErr(b, benchErr)
+		return benchNCCL, scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: route, seed: 42, chunks: chunks}
+	}
+	sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: route, seed: 41, chunks: chunks}
+	w, err := ep.NewWorld(sc.R)
+	dt.NoErr(b, err)
+	var trs []ep.Transport
+	for r := range sc.R {
+		trs = append(trs, w.Transport(r))
+	}
+	return trs, sc
+}
+
+// onRanks draws each rank's routing for sc and runs f for every rank at once, a
+// goroutine each.
+func onRanks[R any](trs []ep.Transport, sc scen, f func(tr ep.Transport, idx []int32) (R, error)) ([]R, error) {
 	r := dt.Rand(sc.seed)
 	zipf := zipfWeights(r, sc.E)
-	ph := newPhaser(len(trs))
-	res := make([]benchResult, len(trs))
+	res := make([]R, len(trs))
 	errs := make([]error, len(trs))
 	var wg sync.WaitGroup
 	for i, tr := range trs {
@@ -94,11 +102,19 @@ func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i], errs[i] = benchRank(tr, sc, idx, b.N, ph)
+			res[i], errs[i] = f(tr, idx)
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	return res, errors.Join(errs...)
+}
+
+func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
+	ph := newPhaser(len(trs))
+	res, err := onRanks(trs, sc, func(tr ep.Transport, idx []int32) (benchResult, error) {
+		return benchRank(tr, sc, idx, b.N, ph)
+	})
+	if err != nil {
 		b.Fatal(err)
 	}
 	n := float64(b.N)
@@ -119,23 +135,13 @@ func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
 
 func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (benchResult, error) {
 	var res benchResult
-	d := tr.Device()
-	s, err := d.NewStream()
+	rk, err := newRank(tr, sc, idxv)
 	if err != nil {
 		return res, err
 	}
-	defer s.Close()
-	g, err := ep.NewGroup(tr, sc.cfg())
-	if err != nil {
-		return res, err
-	}
-	defer g.Close()
+	defer rk.close()
+	d, s, g, idx := tr.Device(), rk.s, rk.g, rk.idx
 	T, K, H := sc.T[tr.Rank()], sc.K, sc.H
-	idx, err := device.FromSlice(s, device.I32, idxv, T, K)
-	if err != nil {
-		return res, err
-	}
-	defer idx.Free()
 	w, err := s.Alloc(device.F32, T, K)
 	if err != nil {
 		return res, err
@@ -287,39 +293,11 @@ func BenchmarkPhases(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				defer ep.Tune(cfg.threads, cfg.perSM)()
-				sc := scen{R: 2, E: 16, K: 4, H: 256, T: []int{512, 512}, dt: device.BF16, route: "uniform", seed: 41}
-				var trs []ep.Transport
-				if d.IsCUDA() {
-					devs := twoGPUs(b)
-					benchOnce.Do(func() { benchNCCL, benchErr = ep.NewNCCLWorld(devs, 120*time.Second) })
-					dt.NoErr(b, benchErr)
-					trs = benchNCCL
-					sc = scen{R: 2, E: 64, K: 8, H: 7168, T: []int{16384, 16384}, dt: device.BF16, route: "uniform", seed: 42}
-				} else {
-					w, err := ep.NewWorld(sc.R)
-					dt.NoErr(b, err)
-					for r := range sc.R {
-						trs = append(trs, w.Transport(r))
-					}
-				}
-				r := dt.Rand(sc.seed)
-				zipf := zipfWeights(r, sc.E)
-				res := make([]map[string]time.Duration, len(trs))
-				errs := make([]error, len(trs))
-				var wg sync.WaitGroup
-				for i, tr := range trs {
-					idx := make([]int32, 0, sc.T[i]*sc.K)
-					for range sc.T[i] {
-						idx = append(idx, route(r, sc, zipf)...)
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						res[i], errs[i] = phasesRank(tr, sc, idx, b.N)
-					}()
-				}
-				wg.Wait()
-				dt.NoErr(b, errors.Join(errs...))
+				trs, sc := benchWorld(b, d, "uniform", 0)
+				res, err := onRanks(trs, sc, func(tr ep.Transport, idx []int32) (map[string]time.Duration, error) {
+					return phasesRank(tr, sc, idx, b.N)
+				})
+				dt.NoErr(b, err)
 				for name, t := range res[0] {
 					b.ReportMetric(float64(t.Microseconds())/1e3, "ms-"+strings.ReplaceAll(name, " ", "-"))
 				}
@@ -329,24 +307,13 @@ func BenchmarkPhases(b *testing.B) {
 }
 
 func phasesRank(tr ep.Transport, sc scen, idxv []int32, n int) (map[string]time.Duration, error) {
-	d := tr.Device()
-	s, err := d.NewStream()
+	rk, err := newRank(tr, sc, idxv)
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	g, err := ep.NewGroup(tr, sc.cfg())
-	if err != nil {
-		return nil, err
-	}
-	defer g.Close()
-	T := sc.T[tr.Rank()]
-	idx, err := device.FromSlice(s, device.I32, idxv, T, sc.K)
-	if err != nil {
-		return nil, err
-	}
-	defer idx.Free()
-	x, err := s.Alloc(sc.dt, T, sc.H)
+	defer rk.close()
+	s := rk.s
+	x, err := s.Alloc(sc.dt, sc.T[tr.Rank()], sc.H)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +321,7 @@ func phasesRank(tr ep.Transport, sc scen, idxv []int32, n int) (map[string]time.
 	if err := device.Fill(s, x, 0.5); err != nil {
 		return nil, err
 	}
-	l, err := g.Layout(s, idx)
+	l, err := rk.g.Layout(s, rk.idx)
 	if err != nil {
 		return nil, err
 	}

@@ -51,17 +51,7 @@ func (l *Layout) Phases(s *device.Stream, x *device.Tensor, n int) (map[string]t
 	}
 	cso, cro := compact(l.sendOff, r), compact(l.recvOff, r)
 	exchange := func(s *device.Stream, c, C int) error {
-		ex := &Exchange{Send: []*device.Tensor{sendX}, Recv: []*device.Tensor{recvX}, SendOff: make([]int, R), SendCount: make([]int, R), RecvOff: make([]int, R), RecvCount: make([]int, R)}
-		for p := range R {
-			if p == r {
-				continue
-			}
-			lo, hi := chunk(l.tokTo[p], c, C)
-			ex.SendOff[p], ex.SendCount[p] = cso[p]+lo, hi-lo
-			lo, hi = chunk(l.tokFrom[p], c, C)
-			ex.RecvOff[p], ex.RecvCount[p] = cro[p]+lo, hi-lo
-		}
-		return g.tr.AllToAllV(s, ex)
+		return g.tr.AllToAllV(s, chunkExchange([]*device.Tensor{sendX}, []*device.Tensor{recvX}, cso, l.tokTo, cro, l.tokFrom, r, c, C))
 	}
 	repOwn := func() error {
 		n := l.tokTo[r]

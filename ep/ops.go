@@ -388,16 +388,7 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 		return arrived, err
 	}
 	for c := range C {
-		ex := &Exchange{Send: send, Recv: recv, SendOff: make([]int, R), SendCount: make([]int, R), RecvOff: make([]int, R), RecvCount: make([]int, R)}
-		for p := range R {
-			if p == r {
-				continue
-			}
-			lo, hi := chunk(sendCnt[p], c, C)
-			ex.SendOff[p], ex.SendCount[p] = sendOff[p]+lo, hi-lo
-			lo, hi = chunk(recvCnt[p], c, C)
-			ex.RecvOff[p], ex.RecvCount[p] = recvOff[p]+lo, hi-lo
-		}
+		ex := chunkExchange(send, recv, sendOff, sendCnt, recvOff, recvCnt, r, c, C)
 		if err := cs.Wait(packed[c]); err != nil {
 			return arrived, err
 		}
@@ -413,6 +404,24 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 		arrived = append(arrived, e)
 	}
 	return arrived, nil
+}
+
+// chunkExchange is the exchange of chunk c of C of a transfer: with each rank p other than
+// r, the rows of chunk c of p's send segment (sendCnt[p] rows from sendOff[p]) and of its
+// receive segment (recvCnt[p] rows from recvOff[p]).
+func chunkExchange(send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvCnt []int, r, c, C int) *Exchange {
+	R := len(sendCnt)
+	ex := &Exchange{Send: send, Recv: recv, SendOff: make([]int, R), SendCount: make([]int, R), RecvOff: make([]int, R), RecvCount: make([]int, R)}
+	for p := range R {
+		if p == r {
+			continue
+		}
+		lo, hi := chunk(sendCnt[p], c, C)
+		ex.SendOff[p], ex.SendCount[p] = sendOff[p]+lo, hi-lo
+		lo, hi = chunk(recvCnt[p], c, C)
+		ex.RecvOff[p], ex.RecvCount[p] = recvOff[p]+lo, hi-lo
+	}
+	return ex
 }
 
 // settle makes s wait for every piece of a transfer and releases the events, so that

@@ -207,6 +207,41 @@ func diffElems[T comparable](b *strings.Builder, what string, want, got []T) {
 	}
 }
 
+// rank is one rank's stream and group for a scenario, with its routing idx (I32 [T,
+// K]) on the rank's device.
+type rank struct {
+	s   *device.Stream
+	g   *ep.Group
+	idx *device.Tensor
+}
+
+// newRank makes rank tr's stream and group for sc and uploads its routing idxv.
+func newRank(tr ep.Transport, sc scen, idxv []int32) (*rank, error) {
+	s, err := tr.Device().NewStream()
+	if err != nil {
+		return nil, err
+	}
+	g, err := ep.NewGroup(tr, sc.cfg())
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	idx, err := device.FromSlice(s, device.I32, idxv, sc.T[tr.Rank()], sc.K)
+	if err != nil {
+		g.Close()
+		s.Close()
+		return nil, err
+	}
+	return &rank{s, g, idx}, nil
+}
+
+// close releases the routing, the group and the stream.
+func (r *rank) close() {
+	r.idx.Free()
+	r.g.Close()
+	r.s.Close()
+}
+
 // phaser is a cyclic barrier for the ranks of a test, failing instead of hanging.
 type phaser struct {
 	mu    sync.Mutex
@@ -257,27 +292,18 @@ func downloadI32(s *device.Stream, x *device.Tensor) ([]int32, error) {
 // transfers never come, before reading anything on the host: a plain stream
 // synchronization there would wait forever.
 func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (*rankOut, error) {
-	d := tr.Device()
-	s, err := d.NewStream()
+	rk, err := newRank(tr, sc, in.idx)
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	g, err := ep.NewGroup(tr, sc.cfg())
-	if err != nil {
-		return nil, err
-	}
-	defer g.Close()
+	defer rk.close()
+	s, g, idx := rk.s, rk.g, rk.idx
 	T, K, H := sc.T[tr.Rank()], sc.K, sc.H
-	idx, err := device.FromSlice(s, device.I32, in.idx, T, K)
-	if err != nil {
-		return nil, err
-	}
 	w, _ := device.FromFloat32(s, device.F32, in.w, T, K)
 	x, _ := device.FromFloat32(s, sc.dt, in.x, T, H)
 	gout, _ := device.FromFloat32(s, sc.dt, in.gout, T, H)
 	defer func() {
-		for _, t := range []*device.Tensor{idx, w, x, gout} {
+		for _, t := range []*device.Tensor{w, x, gout} {
 			t.Free()
 		}
 	}()

@@ -386,10 +386,54 @@ __device__ __forceinline__ void ep_unpack(const ep_pk &k, float f[8]) {
     }
 }
 
-// Pieces of 8 elements per lane in flight in the summing kernels: fewer for f32, whose
-// pieces take twice the registers.
-template <int DT> struct ep_unroll {
-    static constexpr int U = sizeof(typename ep_ty<DT>::T) == 4 ? 2 : 4;
+// A lane's share of a float32 sum of rows of H elements: U pieces of 8 elements, from
+// element h0 on, 256 apart (with vec; without, one piece). add loads all its pieces
+// before it adds any, so that U loads are in flight; U is smaller for f32, whose pieces
+// take twice the registers. The sums run in a fixed order with __fadd_rn and __fmul_rn.
+template <int DT> struct ep_rowsum {
+    typedef typename ep_ty<DT>::T T;
+    static constexpr int U = sizeof(T) == 4 ? 2 : 4;
+    float acc[U][8];
+
+    // The distance between a lane's successive h0.
+    static __device__ __forceinline__ i64 step(int vec) { return vec ? 256 * U : 256; }
+
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[u][i] = 0.f;
+    }
+
+    // add adds w times the pieces of row p (MUL false: the pieces themselves).
+    template <bool MUL> __device__ __forceinline__ void add(const T *__restrict__ p, i64 h0, i64 H, int vec, float w) {
+        if (!vec) {
+            float v[8];
+            ep_ld8<DT>(p, h0, H, false, v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[0][i] = __fadd_rn(acc[0][i], MUL ? __fmul_rn(w, v[i]) : v[i]);
+            return;
+        }
+        ep_pk pk[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (h0 + 256 * u < H) ep_ldraw<DT>(p, h0 + 256 * u, pk[u]);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (h0 + 256 * u >= H) continue;
+            float v[8];
+            ep_unpack<DT>(pk[u], v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[u][i] = __fadd_rn(acc[u][i], MUL ? __fmul_rn(w, v[i]) : v[i]);
+        }
+    }
+
+    // store writes the pieces, rounded to the element type, into row p.
+    __device__ __forceinline__ void store(T *__restrict__ p, i64 h0, i64 H, int vec) const {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if ((u == 0 || vec) && h0 + 256 * u < H) ep_st8<DT>(p, h0 + 256 * u, H, vec, acc[u]);
+    }
 };
 
 // Loads a row's slots (and their weights: W[sl], or 1 when W is null) into shared memory
@@ -406,52 +450,24 @@ __device__ __forceinline__ void ep_load_slots(int *ss, float *sw, const int *__r
 }
 
 // dst row j = sum over k with sl = slot[j*K + k] >= 0, in k order, of W[sl] * y row sl
-// (W null: 1), in float32 from 0, rounded to the element type. With vec, each lane
-// loads U 8-element pieces of a row before it adds any, so that U loads are in flight.
+// (W null: 1), in float32 from 0, rounded to the element type.
 template <int DT>
 __device__ __forceinline__ void ep_wsum(typename ep_ty<DT>::T *__restrict__ dst, const typename ep_ty<DT>::T *__restrict__ y,
                                         const float *__restrict__ W, const int *__restrict__ slot, i64 n, int K, i64 H, int vec) {
-    constexpr int U = ep_unroll<DT>::U;
     __shared__ int ss[EP_WARPS][EP_MAX_K];
     __shared__ float sw[EP_WARPS][EP_MAX_K];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 j = (i64)blockIdx.x * (blockDim.x >> 5) + warp; j < n; j += nw) {
         ep_load_slots(ss[warp], sw[warp], slot, W, j, K, lane);
-        const i64 step = vec ? 256 * U : 256;
-        for (i64 h0 = (i64)lane * 8; h0 < H; h0 += step) {
-            float acc[U][8];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[u][i] = 0.f;
+        for (i64 h0 = (i64)lane * 8; h0 < H; h0 += ep_rowsum<DT>::step(vec)) {
+            ep_rowsum<DT> sum;
+            sum.zero();
             for (int k = 0; k < K; k++) {
                 const int sl = ss[warp][k];
-                if (sl < 0) continue;
-                const float w = sw[warp][k];
-                if (vec) {
-                    ep_pk pk[U];
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-                        if (h0 + 256 * u < H) ep_ldraw<DT>(y + (i64)sl * H, h0 + 256 * u, pk[u]);
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        if (h0 + 256 * u >= H) continue;
-                        float v[8];
-                        ep_unpack<DT>(pk[u], v);
-#pragma unroll
-                        for (int i = 0; i < 8; i++) acc[u][i] = __fadd_rn(acc[u][i], __fmul_rn(w, v[i]));
-                    }
-                } else {
-                    float v[8];
-                    ep_ld8<DT>(y + (i64)sl * H, h0, H, false, v);
-#pragma unroll
-                    for (int i = 0; i < 8; i++) acc[0][i] = __fadd_rn(acc[0][i], __fmul_rn(w, v[i]));
-                }
+                if (sl >= 0) sum.template add<true>(y + (i64)sl * H, h0, H, vec, sw[warp][k]);
             }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if ((u == 0 || vec) && h0 + 256 * u < H) ep_st8<DT>(dst + j * H, h0 + 256 * u, H, vec, acc[u]);
+            sum.store(dst + j * H, h0, H, vec);
         }
     }
 }
@@ -472,14 +488,13 @@ __device__ __forceinline__ int ep_chunk_of(i64 i, i64 n, int C) {
 }
 
 // out row t = sum over d < R with r = sendRow[t*R + d] >= 0, in d order, of back row r,
-// in float32 from 0, rounded to the element type; loads batched as in ep_wsum. With
-// sendOff (I32 [R+1], not null), only for the tokens whose last row from a rank other
-// than rank lies in chunk c of C of that rank's segment (c = -1: tokens with none).
+// in float32 from 0, rounded to the element type. With sendOff (I32 [R+1], not null),
+// only for the tokens whose last row from a rank other than rank lies in chunk c of C of
+// that rank's segment (c = -1: tokens with none).
 template <int DT>
 __device__ __forceinline__ void ep_final_sum(typename ep_ty<DT>::T *__restrict__ out, const typename ep_ty<DT>::T *__restrict__ back,
                                              const int *__restrict__ sendRow, i64 T, int R, i64 H, int vec,
                                              const int *__restrict__ sendOff, int rank, int C, int c) {
-    constexpr int U = ep_unroll<DT>::U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 nw = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + warp; t < T; t += nw) {
@@ -494,39 +509,14 @@ __device__ __forceinline__ void ep_final_sum(typename ep_ty<DT>::T *__restrict__
             }
             if (last != c) continue;
         }
-        const i64 step = vec ? 256 * U : 256;
-        for (i64 h0 = (i64)lane * 8; h0 < H; h0 += step) {
-            float acc[U][8];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[u][i] = 0.f;
+        for (i64 h0 = (i64)lane * 8; h0 < H; h0 += ep_rowsum<DT>::step(vec)) {
+            ep_rowsum<DT> sum;
+            sum.zero();
             for (int d = 0; d < R; d++) {
                 const int r = __ldg(rows + d);
-                if (r < 0) continue;
-                if (vec) {
-                    ep_pk pk[U];
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-                        if (h0 + 256 * u < H) ep_ldraw<DT>(back + (i64)r * H, h0 + 256 * u, pk[u]);
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        if (h0 + 256 * u >= H) continue;
-                        float v[8];
-                        ep_unpack<DT>(pk[u], v);
-#pragma unroll
-                        for (int i = 0; i < 8; i++) acc[u][i] = __fadd_rn(acc[u][i], v[i]);
-                    }
-                } else {
-                    float v[8];
-                    ep_ld8<DT>(back + (i64)r * H, h0, H, false, v);
-#pragma unroll
-                    for (int i = 0; i < 8; i++) acc[0][i] = __fadd_rn(acc[0][i], v[i]);
-                }
+                if (r >= 0) sum.template add<false>(back + (i64)r * H, h0, H, vec, 1.f);
             }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if ((u == 0 || vec) && h0 + 256 * u < H) ep_st8<DT>(out + t * H, h0 + 256 * u, H, vec, acc[u]);
+            sum.store(out + t * H, h0, H, vec);
         }
     }
 }

@@ -35,14 +35,22 @@ func reference(a, b []float32, sizes []int32, M, Kc, N int, bMN bool) []float64 
 	return y
 }
 
-func TestGroupedGEMM(t *testing.T) {
-	d := dt.GPU(t)
+// hopperGPU returns the GPU of the tests if it runs the Hopper kernels, and skips the
+// test (fails it when GPUs are required) if not.
+func hopperGPU(tb testing.TB) *device.Device {
+	tb.Helper()
+	d := dt.GPU(tb)
 	if err := Supported(d); err != nil {
 		if dt.RequireGPU() {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
-		t.Skip(err)
+		tb.Skip(err)
 	}
+	return d
+}
+
+func TestGroupedGEMM(t *testing.T) {
+	d := hopperGPU(t)
 	s := d.Stream()
 	for _, tc := range []struct {
 		name    string
@@ -127,13 +135,7 @@ func manySizes(g, most int) []int32 {
 // (the kernels scan the sizes 32 at a time), set the status to the first bad group and
 // leave the output as it was.
 func TestInvalidSizes(t *testing.T) {
-	d := dt.GPU(t)
-	if err := Supported(d); err != nil {
-		if dt.RequireGPU() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	d := hopperGPU(t)
 	s := d.Stream()
 	const M, K, N = 512, 64, 64
 	for _, tc := range []struct {
@@ -228,10 +230,7 @@ var benchCases = []struct {
 // out (bf16) and uniform sizes, and reports 2·M·K·N flops per call as TFLOP/s.
 func benchGEMM(b *testing.B, G, M, K, N int, aShape, bShape, outShape []int,
 	call func(s *device.Stream, out, a, bt, sizes, status *device.Tensor) error) {
-	d := dt.GPU(b)
-	if err := Supported(d); err != nil {
-		b.Skip(err)
-	}
+	d := hopperGPU(b)
 	s := d.Stream()
 	a := dt.Must(s.Alloc(device.BF16, aShape...))
 	bt := dt.Must(s.Alloc(device.BF16, bShape...))
@@ -276,13 +275,7 @@ func BenchmarkGrouped(b *testing.B) {
 }
 
 func TestWeightGrad(t *testing.T) {
-	d := dt.GPU(t)
-	if err := Supported(d); err != nil {
-		if dt.RequireGPU() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	d := hopperGPU(t)
 	s := d.Stream()
 	for _, tc := range []struct {
 		name    string
