@@ -122,10 +122,14 @@ func optRows(x *device.Tensor, lo, hi int) *device.Tensor {
 	return rows(x, lo, hi)
 }
 
-// mark calls the group's trace hook, if any, for a point of an op reached on s.
-func (g *Group) mark(s *device.Stream, format string, args ...any) {
+// mark calls the group's trace hook, if any, for a point of an op reached on s: what,
+// followed by chunk c unless c < 0. Without a hook it costs a comparison.
+func (g *Group) mark(s *device.Stream, what string, c int) {
 	if g.trace != nil {
-		g.trace(fmt.Sprintf(format, args...), s)
+		if c >= 0 {
+			what = fmt.Sprintf("%s %d", what, c)
+		}
+		g.trace(what, s)
 	}
 }
 
@@ -320,7 +324,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 				return err
 			}
 		}
-		g.mark(s, "place own")
+		g.mark(s, "place own", -1)
 		return nil
 	})
 	defer settle(s, arrived)
@@ -331,7 +335,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 		if err := s.Wait(e); err != nil {
 			return err
 		}
-		g.mark(s, "wait %d", c)
+		g.mark(s, "wait", c)
 		for p := range R {
 			if p == r {
 				continue
@@ -346,7 +350,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 				return err
 			}
 		}
-		g.mark(s, "place %d", c)
+		g.mark(s, "place", c)
 	}
 	return nil
 }
@@ -377,7 +381,7 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 				}
 			}
 		}
-		l.g.mark(s, "pack %d", c)
+		l.g.mark(s, "pack", c)
 		e, err := s.Record()
 		if err != nil {
 			return arrived, err
@@ -392,11 +396,11 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 		if err := cs.Wait(packed[c]); err != nil {
 			return arrived, err
 		}
-		l.g.mark(cs, "transfer %d start", c)
+		l.g.mark(cs, "transfer start", c)
 		if err := l.g.tr.AllToAllV(cs, ex); err != nil {
 			return arrived, err
 		}
-		l.g.mark(cs, "transfer %d", c)
+		l.g.mark(cs, "transfer", c)
 		e, err := cs.Record()
 		if err != nil {
 			return arrived, err
@@ -532,9 +536,9 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 				return err
 			}
 		}
-		g.mark(s, "sums own")
+		g.mark(s, "sums own", -1)
 		err := g.be.finalSum(s, out, back, l.sendRow, &finalPart{rank: r, c: -1, C: C, sendOff: l.sendOff, dev: l.sendOfs})
-		g.mark(s, "final local")
+		g.mark(s, "final local", -1)
 		return err
 	})
 	defer settle(s, arrived)
@@ -547,11 +551,11 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 		if err := s.Wait(e); err != nil {
 			return err
 		}
-		g.mark(s, "wait %d", c)
+		g.mark(s, "wait", c)
 		if err := g.be.finalSum(s, out, back, l.sendRow, &finalPart{rank: r, c: c, C: C, sendOff: l.sendOff, dev: l.sendOfs}); err != nil {
 			return err
 		}
-		g.mark(s, "final %d", c)
+		g.mark(s, "final", c)
 	}
 	if dW != nil {
 		return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)
