@@ -310,7 +310,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 		return tmp.err
 	}
 	cso, cro := compact(l.sendOff, r), compact(l.recvOff, r)
-	arrived, err := l.transfers(s, nonNil(sendX, sendW), nonNil(recvX, recvW), cso, l.tokTo, cro, l.tokFrom, func(p, lo, hi int) error {
+	return l.transfers(s, nonNil(sendX, sendW), nonNil(recvX, recvW), cso, l.tokTo, cro, l.tokFrom, func(p, lo, hi int) error {
 		m := rows(l.sendTok, l.sendOff[p]+lo, l.sendOff[p]+hi)
 		if err := g.be.gather(s, rows(sendX, cso[p]+lo, cso[p]+hi), x, m); err != nil || weights == nil {
 			return err
@@ -326,16 +326,8 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 		}
 		g.mark(s, "place own", -1)
 		return nil
-	})
-	defer settle(s, arrived)
-	if err != nil {
-		return err
-	}
-	for c, e := range arrived {
-		if err := s.Wait(e); err != nil {
-			return err
-		}
-		g.mark(s, "wait", c)
+	}, func(c int) error {
+		// Place each piece as it arrives.
 		for p := range R {
 			if p == r {
 				continue
@@ -351,8 +343,8 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 			}
 		}
 		g.mark(s, "place", c)
-	}
-	return nil
+		return nil
+	})
 }
 
 // transfers runs an op's transfers in Config.Chunks pieces on the group's transfer
@@ -360,16 +352,23 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 // hi): the filling of rows [lo, hi) of p's send segment (sendCnt[p] rows of the send
 // tensors from row sendOff[p]); then local(), the op's work that needs no transfer; then
 // the transfers, each piece moving once s has packed it, into the receive tensors at
-// recvOff[p] plus piece c of recvCnt[p] rows. Enqueuing the kernels of s before the
-// transfers keeps the device busy while the host is in the transport's calls. It returns
-// an event per piece, recorded on the transfer stream when the piece has arrived: pass
-// them to settle.
+// recvOff[p] plus piece c of recvCnt[p] rows; then, for each piece c, arrive(c) on s
+// after s waits for the piece. Enqueuing the kernels of s before the transfers keeps the
+// device busy while the host is in the transport's calls. Whatever happens, s waits for
+// every piece that was sent before transfers returns, so that temporaries freed on s
+// afterwards are done with.
 func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvCnt []int,
-	pack func(p, lo, hi int) error, local func() error) ([]*device.Event, error) {
+	pack func(p, lo, hi int) error, local func() error, arrive func(c int) error) (err error) {
 	R, r, C, cs := l.g.r, l.g.rank, l.g.cfg.Chunks, l.g.cs
 	var packed, arrived []*device.Event
 	defer func() {
 		for _, e := range packed {
+			e.Close()
+		}
+		for _, e := range arrived {
+			if err != nil { // s has not waited for every piece
+				s.Wait(e)
+			}
 			e.Close()
 		}
 	}()
@@ -377,37 +376,46 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 		for p := range R {
 			if lo, hi := chunk(sendCnt[p], c, C); p != r && hi > lo {
 				if err := pack(p, lo, hi); err != nil {
-					return arrived, err
+					return err
 				}
 			}
 		}
 		l.g.mark(s, "pack", c)
 		e, err := s.Record()
 		if err != nil {
-			return arrived, err
+			return err
 		}
 		packed = append(packed, e)
 	}
 	if err := local(); err != nil {
-		return arrived, err
+		return err
 	}
 	for c := range C {
 		ex := chunkExchange(send, recv, sendOff, sendCnt, recvOff, recvCnt, r, c, C)
 		if err := cs.Wait(packed[c]); err != nil {
-			return arrived, err
+			return err
 		}
 		l.g.mark(cs, "transfer start", c)
 		if err := l.g.tr.AllToAllV(cs, ex); err != nil {
-			return arrived, err
+			return err
 		}
 		l.g.mark(cs, "transfer", c)
 		e, err := cs.Record()
 		if err != nil {
-			return arrived, err
+			return err
 		}
 		arrived = append(arrived, e)
 	}
-	return arrived, nil
+	for c, e := range arrived {
+		if err := s.Wait(e); err != nil {
+			return err
+		}
+		l.g.mark(s, "wait", c)
+		if err := arrive(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // chunkExchange is the exchange of chunk c of C of a transfer: with each rank p other than
@@ -426,15 +434,6 @@ func chunkExchange(send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvC
 		ex.RecvOff[p], ex.RecvCount[p] = recvOff[p]+lo, hi-lo
 	}
 	return ex
-}
-
-// settle makes s wait for every piece of a transfer and releases the events, so that
-// temporaries freed on s afterwards are done with, also when an op fails midway.
-func settle(s *device.Stream, arrived []*device.Event) {
-	for _, e := range arrived {
-		s.Wait(e)
-		e.Close()
-	}
 }
 
 // Combine returns out ([T, H], y's dtype): for each of this rank's tokens, the sum over
@@ -525,8 +524,11 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 		return g.be.dwPack(s, rows(dd, at, at+n), slot, dW)
 	}
 	cro := compact(l.recvOff, r)
-	C := g.cfg.Chunks
-	arrived, err := l.transfers(s, nonNil(zsend, dsend), nonNil(back, dback), cro, l.tokFrom, l.sendOff, l.tokTo, func(p, lo, hi int) error {
+	// part selects the tokens of the final sums of chunk c (-1: no other rank's partial sum).
+	part := func(c int) *finalPart {
+		return &finalPart{rank: r, c: c, C: g.cfg.Chunks, sendOff: l.sendOff, dev: l.sendOfs}
+	}
+	err := l.transfers(s, nonNil(zsend, dsend), nonNil(back, dback), cro, l.tokFrom, l.sendOff, l.tokTo, func(p, lo, hi int) error {
 		return sums(zsend, dsend, cro[p]+lo, l.recvOff[p]+lo, hi-lo)
 	}, func() error {
 		// This rank's own partial sums go straight to their place; then the final sums
@@ -537,25 +539,18 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 			}
 		}
 		g.mark(s, "sums own", -1)
-		err := g.be.finalSum(s, out, back, l.sendRow, &finalPart{rank: r, c: -1, C: C, sendOff: l.sendOff, dev: l.sendOfs})
+		err := g.be.finalSum(s, out, back, l.sendRow, part(-1))
 		g.mark(s, "final local", -1)
 		return err
+	}, func(c int) error {
+		// The final sums of the tokens whose last partial sum from another rank came
+		// with this chunk.
+		err := g.be.finalSum(s, out, back, l.sendRow, part(c))
+		g.mark(s, "final", c)
+		return err
 	})
-	defer settle(s, arrived)
 	if err != nil {
 		return err
-	}
-	// The final sums of the tokens whose last partial sum from another rank came with
-	// each chunk, as the chunks arrive.
-	for c, e := range arrived {
-		if err := s.Wait(e); err != nil {
-			return err
-		}
-		g.mark(s, "wait", c)
-		if err := g.be.finalSum(s, out, back, l.sendRow, &finalPart{rank: r, c: c, C: C, sendOff: l.sendOff, dev: l.sendOfs}); err != nil {
-			return err
-		}
-		g.mark(s, "final", c)
 	}
 	if dW != nil {
 		return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)
