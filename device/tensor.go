@@ -85,17 +85,22 @@ func (d *Device) Alloc(dt DType, shape ...int) (*Tensor, error) {
 // allocated (gorgonia.org/cu, another binding) on d, without copying. The tensor does not
 // own the memory: Free does nothing and the caller keeps the memory alive.
 func (d *Device) Wrap(ptr uintptr, dt DType, shape ...int) (*Tensor, error) {
+	return d.wrap("Wrap", ptr, dt, shape, true)
+}
+
+// wrap makes the tensor of Wrap (own is true: ptr must be d's memory) and WrapPeer.
+func (d *Device) wrap(what string, ptr uintptr, dt DType, shape []int, own bool) (*Tensor, error) {
 	if d.kind != KindCUDA {
-		return nil, fmt.Errorf("device: Wrap on %v: foreign pointers are CUDA device pointers", d)
+		return nil, fmt.Errorf("device: %s on %v: foreign pointers are CUDA device pointers", what, d)
 	}
 	n, err := numel(dt, shape)
 	if err != nil {
 		return nil, err
 	}
 	if ptr == 0 && n > 0 {
-		return nil, errors.New("device: Wrap: nil device pointer")
+		return nil, fmt.Errorf("device: %s: nil device pointer", what)
 	}
-	if n > 0 {
+	if own && n > 0 {
 		var ord int
 		err := d.Do(func() error {
 			var err error
@@ -103,10 +108,10 @@ func (d *Device) Wrap(ptr uintptr, dt DType, shape ...int) (*Tensor, error) {
 			return err
 		})
 		if err != nil {
-			return nil, fmt.Errorf("device: Wrap: %#x is not device memory: %w", ptr, err)
+			return nil, fmt.Errorf("device: %s: %#x is not device memory: %w", what, ptr, err)
 		}
 		if ord != d.ordinal {
-			return nil, fmt.Errorf("device: Wrap: %#x belongs to cuda:%d, not %v", ptr, ord, d)
+			return nil, fmt.Errorf("device: %s: %#x belongs to cuda:%d, not %v", what, ptr, ord, d)
 		}
 	}
 	st := &storage{dev: d, ptr: cuda.DevicePtr(ptr), nbytes: n * dt.Size(), stream: d.stream}

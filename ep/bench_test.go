@@ -28,29 +28,34 @@ var (
 // Dispatch (rows and their weights) and their ratio to T·K·row bytes (the rows of all
 // routing entries, which an all-to-all without deduplication moves, (R-1)/R of them to
 // other ranks), the rate of the bytes rank 0 sent in both, and the host's time to
-// enqueue a step. On GPUs it also runs the uniform case with the former grid of the row
-// kernels (256 threads, 4 blocks per multiprocessor) and with 2 chunks, and with -v it
-// logs each rank's timeline of the last step: when each point of the ops was reached on
-// the device and on the host.
+// enqueue a step. On GPUs it runs both with direct transfers and through NCCL only
+// (Config.TransportOnly), and the uniform case with 4 and 1 chunks and with three
+// quarters of the multiprocessors for each stream's row kernels; with -v it logs each
+// rank's timeline of the last step: when each point of the ops was reached on the
+// device and on the host.
 func BenchmarkDispatchCombine(b *testing.B) {
 	for _, d := range dt.Devices(b) {
 		for _, v := range []struct {
-			route   string
-			chunks  int     // 0: the default
-			threads int     // row kernels' block; 0: the default
-			perSM   float64 // row kernels' blocks per multiprocessor; 0: the default
-		}{{"uniform", 0, 0, 0}, {"zipf", 0, 0, 0}, {"uniform", 0, 256, 4}, {"uniform", 2, 0, 0}} {
+			route     string
+			chunks    int     // 0: the default
+			threads   int     // row kernels' block; 0: the default
+			perSM     float64 // row kernels' blocks per multiprocessor; 0: the default
+			pack      float64 // the same for the packing of direct transfers
+			transport bool    // Config.TransportOnly
+		}{{"uniform", 0, 0, 0, 0, false}, {"zipf", 0, 0, 0, 0, false}, {"uniform", 0, 0, 0, 0, true}, {"zipf", 0, 0, 0, 0, true},
+			{"uniform", 4, 0, 0, 0, false}, {"uniform", 1, 0, 0, 0, false}, {"uniform", 0, 0, 0.75, 0.75, false}} {
 			route := v.route
 			name := fmt.Sprintf("%v/%s", d, route)
-			if v.chunks != 0 || v.threads != 0 {
+			if v.chunks != 0 || v.threads != 0 || v.perSM != 0 || v.transport {
 				if !d.IsCUDA() {
 					continue
 				}
-				name += fmt.Sprintf("/chunks=%d/threads=%d/perSM=%g", v.chunks, v.threads, v.perSM)
+				name += fmt.Sprintf("/chunks=%d/threads=%d/perSM=%g/pack=%g/transport-only=%v", v.chunks, v.threads, v.perSM, v.pack, v.transport)
 			}
 			b.Run(name, func(b *testing.B) {
-				defer ep.Tune(v.threads, v.perSM)()
+				defer ep.Tune(v.threads, v.perSM, v.pack)()
 				trs, sc := benchWorld(b, d, route, v.chunks)
+				sc.transportOnly = v.transport
 				benchDC(b, trs, sc)
 			})
 		}
@@ -292,7 +297,7 @@ func BenchmarkPhases(b *testing.B) {
 				name += fmt.Sprintf("/threads=%d/perSM=%g", cfg.threads, cfg.perSM)
 			}
 			b.Run(name, func(b *testing.B) {
-				defer ep.Tune(cfg.threads, cfg.perSM)()
+				defer ep.Tune(cfg.threads, cfg.perSM, 0)()
 				trs, sc := benchWorld(b, d, "uniform", 0)
 				res, err := onRanks(trs, sc, func(tr ep.Transport, idx []int32) (map[string]time.Duration, error) {
 					return phasesRank(tr, sc, idx, b.N)

@@ -157,9 +157,17 @@ type Config struct {
 	// overflow happened since the last check, with the largest need.
 	CheckEvery int
 	// Chunks is the number of pieces each transfer of Dispatch and Combine is split
-	// into, so that packing, transfer and replication overlap. 0 means 4 on a GPU and 1
-	// on the CPU.
+	// into, so that packing, transfer and replication overlap. 0 means 1 on the CPU, 4 on
+	// GPUs through the transport and 2 with direct transfers (see TransportOnly).
 	Chunks int
+	// TransportOnly moves all payload through the transport's AllToAllV. Otherwise, with
+	// NCCL transports, when every rank's GPU can address every other's memory (distinct
+	// GPUs of one host, with the ranks in one process or several), ranks write their
+	// rows straight into buffers of the receiving ranks (a window of about the largest receive buffer of an op per
+	// rank, kept by the group): faster, as no transport kernels or host calls stand
+	// between packing and placing. $DROPLESS_EP_PEER=0 has the same effect. The choice
+	// does not change any result.
+	TransportOnly bool
 }
 
 func (c *Config) check(ranks int) error {

@@ -57,12 +57,21 @@
 // for their results with Transport.Sync, which has that deadline, rather than with
 // Stream.Synchronize or a copy to the host, which wait as long as the transfers do.
 //
+// Between NCCL ranks on distinct GPUs that can address each other's memory (GPUs of one
+// host over NVLink or PCIe, in one process or several), Dispatch, Combine and the
+// backward passes move their payload without NCCL: each rank packs its rows straight
+// into a window of the receiving rank (peer memory the group keeps, about the size of
+// the largest receive buffer of an op) and sets a flag there that the receiver's stream
+// waits on, on the device. The ranks decide this together at their first op;
+// Group.Direct reports it and Config.TransportOnly (or DROPLESS_EP_PEER=0) turns it off.
+// It changes no result. Layout's exchanges always go through the transport.
+//
 // # Streams
 //
 // Each op is enqueued on the caller's stream and on a second stream of the Group for
 // transfers (of the highest priority), with events between them; only Layout waits for
 // the device (for the counts). A transfer moves in Config.Chunks pieces: the caller's
-// stream packs the pieces, does the op's local work (this rank's own rows) while they
-// move, and places or sums each piece as it arrives. On the CPU every op runs when
-// called.
+// stream packs the pieces (the transfer stream, with direct transfers), does the op's
+// local work (this rank's own rows) while they move, and places or sums each piece as it
+// arrives. On the CPU every op runs when called.
 package ep

@@ -6,18 +6,31 @@ import (
 	"github.com/dropless/dropless/device"
 )
 
-// Tune sets the row kernels' grid (threads per block and blocks per multiprocessor;
-// zeros leave them as they are) for a benchmark, and returns a function that restores
+// Tune sets the row kernels' grid (threads per block, blocks per multiprocessor on the
+// op's stream, and on the transfer stream for direct transfers; zeros leave them as
+// they are) for a benchmark, and returns a function that restores
 // it. Call it while no group works.
-func Tune(threads int, perSM float64) (restore func()) {
-	t, ps := rowThreads, rowPerSM
+func Tune(threads int, perSM, pack float64) (restore func()) {
+	t, ps, ds, pk := rowThreads, rowPerSM, directPerSM, packPerSM
 	if threads > 0 {
 		rowThreads = threads
 	}
 	if perSM > 0 {
-		rowPerSM = perSM
+		rowPerSM, directPerSM = perSM, perSM
 	}
-	return func() { rowThreads, rowPerSM = t, ps }
+	if pack > 0 {
+		packPerSM = pack
+	}
+	return func() { rowThreads, rowPerSM, directPerSM, packPerSM = t, ps, ds, pk }
+}
+
+// TuneWindow sets the step in which windows of direct transfers grow and the ops after
+// which a window is set up anew, so that tests see both, and returns a function that
+// restores them. Call it while no group works.
+func TuneWindow(grain int, epochs uint32) (restore func()) {
+	g, e := winGrain, maxEpoch
+	winGrain, maxEpoch = grain, epochs
+	return func() { winGrain, maxEpoch = g, e }
 }
 
 // SetTrace sets the group's trace hook, called at points of Dispatch and Combine with

@@ -15,7 +15,11 @@ var kernelSrc string
 var Kernels = device.NewProgram("ep.cu", kernelSrc)
 
 // gpuBackend launches the kernels of Kernels.
-type gpuBackend struct{ dev *device.Device }
+type gpuBackend struct {
+	dev    *device.Device
+	cs     *device.Stream // the group's transfer stream
+	direct bool           // the group transfers directly (peer.go)
+}
 
 const (
 	block      = 256 // threads per block
@@ -43,15 +47,27 @@ func (b *gpuBackend) launch(s *device.Stream, name string, grid, smem int, args 
 // on three quarters of the multiprocessors leaves the rest to the kernels of NCCL's
 // transfers, which run beside the row kernels and cannot share a multiprocessor with a
 // full block (measured on two H200s: docs/perf.md).
+//
+// With direct transfers the kernels that pack rows into the peers' memory run on the
+// transfer stream, beside those of the op's stream: each side gets half of the
+// multiprocessors (directPerSM, packPerSM), which measured best on two H200s.
 var (
-	rowThreads = 1024
-	rowPerSM   = 0.75
+	rowThreads  = 1024
+	rowPerSM    = 0.75
+	directPerSM = 0.5
+	packPerSM   = 0.5
 )
 
-// rowGrid is the grid of a row kernel over n rows.
-func (b *gpuBackend) rowGrid(n int) int {
-	w := rowThreads / 32
-	return max(1, min((n+w-1)/w, int(rowPerSM*float64(b.dev.Multiprocessors()))))
+// rowGrid is the grid of a row kernel over n rows, on the transfer stream when pack.
+func (b *gpuBackend) rowGrid(n int, pack bool) int {
+	w, f := rowThreads/32, rowPerSM
+	switch {
+	case pack:
+		f = packPerSM
+	case b.direct:
+		f = directPerSM
+	}
+	return max(1, min((n+w-1)/w, int(f*float64(b.dev.Multiprocessors()))))
 }
 
 // rowLaunch launches row kernel name over n rows.
@@ -60,7 +76,7 @@ func (b *gpuBackend) rowLaunch(s *device.Stream, name string, n int, args ...any
 	if err != nil {
 		return err
 	}
-	return k.Launch(s, device.D1(b.rowGrid(n)), device.D1(rowThreads), 0, args...)
+	return k.Launch(s, device.D1(b.rowGrid(n, s == b.cs)), device.D1(rowThreads), 0, args...)
 }
 
 func blocks(n int) int { return max(1, (n+block-1)/block) }
@@ -286,4 +302,10 @@ func (b *gpuBackend) dwUnpack(s *device.Stream, dweights, idx, sendRow, back *de
 		return nil
 	}
 	return b.launch(s, "ep_dw_unpack", blocks(T*K), 0, dweights, idx, sendRow, back, i32(T), i32(K), i32(R), i32(L))
+}
+
+// signal sets the flag at byte off of every other rank's window to v, after the work
+// before it on s.
+func (b *gpuBackend) signal(s *device.Stream, w *window, off int, v uint32) error {
+	return b.launch(s, "ep_signal", blocks(w.r), 0, w.bases, i32(w.r), i32(w.me), int64(off), v)
 }

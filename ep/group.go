@@ -25,6 +25,10 @@ type Group struct {
 
 	trace func(at string, s *device.Stream) // test hook: marks points of Dispatch and Combine
 
+	win        *window // direct transfers (peer.go), set up by the first op
+	noPeer     bool    // payload goes through the transport
+	autoChunks bool    // Config.Chunks was 0
+
 	step    int // layouts since the last capacity check (CheckEvery > 1)
 	pending *CapacityError
 	dropped int64
@@ -41,12 +45,9 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 		return nil, err
 	}
 	g := &Group{tr: tr, cfg: cfg, dev: tr.Device(), rank: tr.Rank(), r: tr.Size(), e: cfg.Experts, l: cfg.Experts / tr.Size(), k: cfg.TopK}
-	if g.dev.IsCUDA() {
-		g.be = &gpuBackend{dev: g.dev}
-	} else {
-		g.be = cpuBackend{}
-	}
+
 	if g.cfg.Chunks == 0 {
+		g.autoChunks = true
 		g.cfg.Chunks = 1
 		if g.dev.IsCUDA() {
 			g.cfg.Chunks = 4
@@ -58,13 +59,40 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 	if g.cs, err = g.dev.NewPriorityStream(); err != nil {
 		return nil, err
 	}
+	if g.dev.IsCUDA() {
+		g.be = &gpuBackend{dev: g.dev, cs: g.cs}
+	} else {
+		g.be = cpuBackend{}
+	}
+	// Direct transfers are for GPUs of NCCL ranks; an in-process World moves (and
+	// counts) every byte itself, as does any other transport.
+	_, nccl := tr.(*ncclTransport)
+	g.noPeer = !g.dev.IsCUDA() || g.r == 1 || !nccl
 	return g, nil
 }
 
-// Close releases the group's stream. It does not close the transport.
-func (g *Group) Close() error { return g.cs.Close() }
+// Close releases the group's stream and, after the work of its ops is done, its window.
+// It does not close the transport. With direct transfers (Direct) Close is collective:
+// it waits for the other ranks through the transport, since they write into this rank's
+// window, and the ranks close their groups together.
+func (g *Group) Close() error {
+	var err error
+	if g.win != nil {
+		err = g.dropWindow(g.cs)
+	}
+	if cerr := g.cs.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
 
-// Config returns the group's configuration, with defaults filled in.
+// Direct reports whether the group moves payload by writing into the other ranks'
+// memory (see Config.TransportOnly) rather than through its transport. Ranks decide it
+// together at their first Dispatch, Combine or backward pass; before, it reports false.
+func (g *Group) Direct() bool { return g.win != nil }
+
+// Config returns the group's configuration, with defaults filled in (Chunks as the
+// first op has set it, when it decided on direct transfers).
 func (g *Group) Config() Config { return g.cfg }
 
 // Transport returns the group's transport.
@@ -97,6 +125,7 @@ type Layout struct {
 	sendOfs *device.Tensor // a view of offs: sendOff, for Combine's final sums
 
 	tokTo, tokFrom   []int // [R] tokens sent to / received from each rank
+	pair             []int // [R·R] tokens from rank s to rank d at s·R+d
 	sendOff, recvOff []int // [R+1] prefix sums of tokTo and tokFrom
 	expTo            []int // [E] routing entries of this rank per expert
 	countsHost       []int // [L]
@@ -251,6 +280,12 @@ func (l *Layout) plan(host []int32) error {
 		}
 		if p := at(s, 0, 2); p != math.MaxInt32 {
 			return fmt.Errorf("ep: Layout: %s topk_idx[%d, %d] repeats an expert of row %d", who, p/K, p%K, p/K)
+		}
+	}
+	l.pair = make([]int, R*R)
+	for s := range R {
+		for d := range R {
+			l.pair[s*R+d] = at(s, d, 3)
 		}
 	}
 	l.tokTo, l.tokFrom = make([]int, R), make([]int, R)

@@ -34,7 +34,8 @@ func twoGPUs(t testing.TB) []*device.Device {
 	return []*device.Device{dt.Must(device.Open("cuda:0")), dt.Must(device.Open("cuda:1"))}
 }
 
-// ncclScenarios are the suite's two-rank cases and a larger one.
+// ncclScenarios are the suite's two-rank cases and two larger ones, each with direct
+// transfers (when the GPUs can address each other's memory) and through NCCL only.
 func ncclScenarios() []scen {
 	var out []scen
 	for _, sc := range scenarios() {
@@ -42,9 +43,15 @@ func ncclScenarios() []scen {
 			out = append(out, sc)
 		}
 	}
-	return append(out,
+	out = append(out,
 		scen{name: "R2/large/bf16", R: 2, E: 64, K: 8, H: 1024, T: []int{4096, 3000}, dt: device.BF16, route: "uniform", seed: 31},
 		scen{name: "R2/large/zipf/chunks5", R: 2, E: 64, K: 8, H: 1024, T: []int{2500, 4096}, dt: device.BF16, route: "zipf", chunks: 5, seed: 32})
+	for _, sc := range out[:len(out):len(out)] {
+		sc.name += "/transport-only"
+		sc.transportOnly = true
+		out = append(out, sc)
+	}
+	return out
 }
 
 // cpuReference runs sc on a CPU world; outputs lose their byte counts, which only
@@ -68,18 +75,27 @@ func TestNCCLInProcess(t *testing.T) {
 			tr.Close()
 		}
 	}()
+	run := func(t *testing.T, sc scen) {
+		ins := sc.inputs()
+		outs, errs := runAll(trs, sc, ins, nil)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		check(t, sc, ins, outs)
+		if diff := diffOuts(cpuReference(t, sc, ins), outs); diff != "" {
+			t.Errorf("NCCL differs from the CPU (got, want CPU):\n%s", diff)
+		}
+	}
 	for _, sc := range ncclScenarios() {
-		t.Run(sc.name, func(t *testing.T) {
-			ins := sc.inputs()
-			outs, errs := runAll(trs, sc, ins, nil)
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			check(t, sc, ins, outs)
-			if diff := diffOuts(cpuReference(t, sc, ins), outs); diff != "" {
-				t.Errorf("NCCL differs from the CPU (got, want CPU):\n%s", diff)
-			}
-		})
+		t.Run(sc.name, func(t *testing.T) { run(t, sc) })
+	}
+	// Direct transfers with windows that grow at almost every op and are set up anew
+	// every second op.
+	defer ep.TuneWindow(4096, 2)()
+	for _, sc := range ncclScenarios() {
+		if !sc.transportOnly {
+			t.Run(sc.name+"/small-windows", func(t *testing.T) { run(t, sc) })
+		}
 	}
 }
 

@@ -297,25 +297,42 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 // Rows a rank sends to itself are placed from x directly.
 func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place func(src, srcW, rowMap, slot *device.Tensor) error) error {
 	g := l.g
-	R, r, K, H, C := g.r, g.rank, g.k, x.Dim(1), g.cfg.Chunks
+	R, r, K, H := g.r, g.rank, g.k, x.Dim(1)
 	tmp := &temps{s: s}
 	defer tmp.free()
-	nS, nR := l.sendOff[R]-l.tokTo[r], l.recvOff[R]-l.tokFrom[r]
-	sendX, recvX := tmp.alloc(x.DType(), nS, H), tmp.alloc(x.DType(), nR, H)
-	var sendW, recvW *device.Tensor
+	specs := []bufSpec{{x.DType(), H}}
 	if weights != nil {
-		sendW, recvW = tmp.alloc(device.F32, nS, K), tmp.alloc(device.F32, nR, K)
-	}
-	if tmp.err != nil {
-		return tmp.err
+		specs = append(specs, bufSpec{device.F32, K})
 	}
 	cso, cro := compact(l.sendOff, r), compact(l.recvOff, r)
-	return l.transfers(s, nonNil(sendX, sendW), nonNil(recvX, recvW), cso, l.tokTo, cro, l.tokFrom, func(p, lo, hi int) error {
+	// Rank q receives the rows of every other rank, by rank.
+	geom := func(q int) (n, at int) {
+		for p := range R {
+			if p == r {
+				at = n
+			}
+			if p != q {
+				n += l.pair[p*R+q]
+			}
+		}
+		return n, at
+	}
+	xf, err := l.buffers(s, tmp, specs, l.sendOff[R]-l.tokTo[r], cso, l.tokTo, cro, l.tokFrom, geom)
+	if err != nil {
+		return err
+	}
+	C := g.cfg.Chunks // once buffers has decided on direct transfers
+	recvX := xf.recv[0]
+	var recvW *device.Tensor
+	if weights != nil {
+		recvW = xf.recv[1]
+	}
+	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		m := rows(l.sendTok, l.sendOff[p]+lo, l.sendOff[p]+hi)
-		if err := g.be.gather(s, rows(sendX, cso[p]+lo, cso[p]+hi), x, m); err != nil || weights == nil {
+		if err := g.be.gather(st, dst[0], x, m); err != nil || weights == nil {
 			return err
 		}
-		return g.be.gather(s, rows(sendW, cso[p]+lo, cso[p]+hi), weights, m)
+		return g.be.gather(st, dst[1], weights, m)
 	}, func() error {
 		// What this rank routes to itself, straight from x, while the transfers run.
 		if n := l.tokTo[r]; n > 0 {
@@ -347,18 +364,21 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 	})
 }
 
-// transfers runs an op's transfers in Config.Chunks pieces on the group's transfer
-// stream. First it enqueues on s, for each piece c and each other rank p, pack(p, lo,
-// hi): the filling of rows [lo, hi) of p's send segment (sendCnt[p] rows of the send
-// tensors from row sendOff[p]); then local(), the op's work that needs no transfer; then
-// the transfers, each piece moving once s has packed it, into the receive tensors at
-// recvOff[p] plus piece c of recvCnt[p] rows; then, for each piece c, arrive(c) on s
-// after s waits for the piece. Enqueuing the kernels of s before the transfers keeps the
-// device busy while the host is in the transport's calls. Whatever happens, s waits for
-// every piece that was sent before transfers returns, so that temporaries freed on s
-// afterwards are done with.
-func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvCnt []int,
-	pack func(p, lo, hi int) error, local func() error, arrive func(c int) error) (err error) {
+// transfers runs an op's transfers in Config.Chunks pieces: directly (see direct) when
+// x has a window, else through the transport on the group's transfer stream. First it
+// enqueues on s, for each piece c and each other rank p, pack(s, p, lo, hi, dst): the
+// filling of dst, rows [lo, hi) of p's send segment (x.sendCnt[p] rows); then local(),
+// the op's work that needs no transfer; then the transfers, each piece moving once s
+// has packed it, into x's receive tensors at x.recvOff[p] plus piece c of x.recvCnt[p]
+// rows; then, for each piece c, arrive(c) on s after s waits for the piece. Enqueuing
+// the kernels of s before the transfers keeps the device busy while the host is in the
+// transport's calls. Whatever happens, s waits for every piece that was sent before
+// transfers returns, so that temporaries freed on s afterwards are done with.
+func (l *Layout) transfers(s *device.Stream, x *xfer, pack func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error,
+	local func() error, arrive func(c int) error) (err error) {
+	if x.win != nil {
+		return l.direct(s, x, pack, local, arrive)
+	}
 	R, r, C, cs := l.g.r, l.g.rank, l.g.cfg.Chunks, l.g.cs
 	var packed, arrived []*device.Event
 	defer func() {
@@ -374,8 +394,8 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 	}()
 	for c := range C {
 		for p := range R {
-			if lo, hi := chunk(sendCnt[p], c, C); p != r && hi > lo {
-				if err := pack(p, lo, hi); err != nil {
+			if lo, hi := chunk(x.sendCnt[p], c, C); p != r && hi > lo {
+				if err := pack(s, p, lo, hi, x.dst(p, lo, hi)); err != nil {
 					return err
 				}
 			}
@@ -391,7 +411,7 @@ func (l *Layout) transfers(s *device.Stream, send, recv []*device.Tensor, sendOf
 		return err
 	}
 	for c := range C {
-		ex := chunkExchange(send, recv, sendOff, sendCnt, recvOff, recvCnt, r, c, C)
+		ex := chunkExchange(x.send, x.recv, x.sendOff, x.sendCnt, x.recvOff, x.recvCnt, r, c, C)
 		if err := cs.Wait(packed[c]); err != nil {
 			return err
 		}
@@ -505,36 +525,52 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 	R, r, K, H, dt := g.r, g.rank, g.k, y.Dim(1), y.DType()
 	tmp := &temps{s: s}
 	defer tmp.free()
-	nR := l.recvOff[R] - l.tokFrom[r]
-	back, zsend := tmp.alloc(dt, l.sendOff[R], H), tmp.alloc(dt, nR, H)
-	var dback, dsend *device.Tensor
+	specs := []bufSpec{{dt, H}}
 	if dW != nil {
-		dback, dsend = tmp.alloc(device.F32, l.sendOff[R], K), tmp.alloc(device.F32, nR, K)
-	}
-	if tmp.err != nil {
-		return tmp.err
-	}
-	// sums writes the partial sums of n received rows from row from (and their weight
-	// gradients) into rows [at, at+n) of dst (and dd).
-	sums := func(dst, dd *device.Tensor, at, from, n int) error {
-		slot := rows(l.slot, from, from+n)
-		if err := g.be.wsum(s, rows(dst, at, at+n), y, w, slot); err != nil || dW == nil {
-			return err
-		}
-		return g.be.dwPack(s, rows(dd, at, at+n), slot, dW)
+		specs = append(specs, bufSpec{device.F32, K})
 	}
 	cro := compact(l.recvOff, r)
+	// Rank q receives back a partial sum of each token it sent, in its send order.
+	geom := func(q int) (n, at int) {
+		for d := range R {
+			if d == r {
+				at = n
+			}
+			n += l.pair[q*R+d]
+		}
+		return n, at
+	}
+	xf, err := l.buffers(s, tmp, specs, l.recvOff[R]-l.tokFrom[r], cro, l.tokFrom, l.sendOff, l.tokTo, geom)
+	if err != nil {
+		return err
+	}
+	back := xf.recv[0]
+	var dback *device.Tensor
+	if dW != nil {
+		dback = xf.recv[1]
+	}
+	// sums writes on st the partial sums of the received rows from row from (and their
+	// weight gradients) into dst[0] (and dst[1]).
+	sums := func(st *device.Stream, dst []*device.Tensor, from int) error {
+		n := dst[0].Dim(0)
+		slot := rows(l.slot, from, from+n)
+		if err := g.be.wsum(st, dst[0], y, w, slot); err != nil || dW == nil {
+			return err
+		}
+		return g.be.dwPack(st, dst[1], slot, dW)
+	}
 	// part selects the tokens of the final sums of chunk c (-1: no other rank's partial sum).
 	part := func(c int) *finalPart {
 		return &finalPart{rank: r, c: c, C: g.cfg.Chunks, sendOff: l.sendOff, dev: l.sendOfs}
 	}
-	err := l.transfers(s, nonNil(zsend, dsend), nonNil(back, dback), cro, l.tokFrom, l.sendOff, l.tokTo, func(p, lo, hi int) error {
-		return sums(zsend, dsend, cro[p]+lo, l.recvOff[p]+lo, hi-lo)
+	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
+		return sums(st, dst, l.recvOff[p]+lo)
 	}, func() error {
 		// This rank's own partial sums go straight to their place; then the final sums
 		// of the tokens with no other rank's partial sum.
 		if n := l.tokTo[r]; n > 0 {
-			if err := sums(back, dback, l.sendOff[r], l.recvOff[r], n); err != nil {
+			own := []*device.Tensor{rows(back, l.sendOff[r], l.sendOff[r]+n), optRows(dback, l.sendOff[r], l.sendOff[r]+n)}
+			if err := sums(s, own, l.recvOff[r]); err != nil {
 				return err
 			}
 		}
@@ -545,15 +581,15 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 	}, func(c int) error {
 		// The final sums of the tokens whose last partial sum from another rank came
 		// with this chunk.
-		err := g.be.finalSum(s, out, back, l.sendRow, part(c))
+		if err := g.be.finalSum(s, out, back, l.sendRow, part(c)); err != nil {
+			return err
+		}
 		g.mark(s, "final", c)
-		return err
+		if dW != nil && c == g.cfg.Chunks-1 {
+			// Every weight gradient has come back (and is read before the window is
+			// handed back to the peers).
+			return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)
+		}
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if dW != nil {
-		return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)
-	}
-	return nil
 }

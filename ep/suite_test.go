@@ -29,10 +29,12 @@ type scen struct {
 	over    ep.Overflow
 	chunks  int
 	seed    uint64
+
+	transportOnly bool // Config.TransportOnly
 }
 
 func (sc scen) cfg() ep.Config {
-	return ep.Config{Experts: sc.E, TopK: sc.K, Capacity: sc.cap, Overflow: sc.over, Chunks: sc.chunks}
+	return ep.Config{Experts: sc.E, TopK: sc.K, Capacity: sc.cap, Overflow: sc.over, Chunks: sc.chunks, TransportOnly: sc.transportOnly}
 }
 
 // rankIn is one rank's inputs.
@@ -336,6 +338,12 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 		return nil, err
 	}
 	defer D.Free()
+	// NCCL ranks on GPUs that address each other's memory (the GPU machines the suite
+	// requires) take the direct path unless told not to; in-process worlds, whose ranks
+	// share a device, never do.
+	if want := world == nil && !sc.transportOnly; tr.Device().IsCUDA() && sc.R > 1 && dt.RequireGPU() && g.Direct() != want {
+		return nil, fmt.Errorf("rank %d: direct transfers %v with TransportOnly %v", tr.Rank(), g.Direct(), sc.transportOnly)
+	}
 	if err := tr.Sync(s); err != nil {
 		return nil, err
 	}

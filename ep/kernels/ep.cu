@@ -610,3 +610,18 @@ extern "C" __global__ void ep_dw_unpack(float *__restrict__ dweights, const int 
     }
     dweights[i] = v;
 }
+
+// ---------------------------------------------------------------------------------
+// Direct transfers between GPUs
+
+// Sets the 32-bit word at byte off of every other rank's window (bases[p], as this
+// device addresses it) to v, after the writes this device made before: the kernels
+// before it on the stream are done, and the fence orders what they wrote to the peers
+// before the flag. Thread p writes rank p's word; rank me is skipped.
+extern "C" __global__ void ep_signal(const unsigned long long *__restrict__ bases, int R, int me, i64 off, u32 v) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= R || p == me) return;
+    __threadfence_system();
+    u32 *flag = (u32 *)(bases[p] + off);
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+}

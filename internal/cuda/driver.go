@@ -87,6 +87,10 @@ type driver struct {
 	cuCtxSetCurrent           func(c Context) int32
 	cuCtxSynchronize          func() int32
 	cuCtxEnablePeerAccess     func(peer Context, flags uint32) int32
+	cuStreamWaitValue32       func(s Stream, addr DevicePtr, v, flags uint32) int32
+	cuIpcGetMemHandle         func(h *IPCMemHandle, p DevicePtr) int32
+	cuIpcOpenMemHandle        func(p *DevicePtr, h IPCMemHandle, flags uint32) int32
+	cuIpcCloseMemHandle       func(p DevicePtr) int32
 
 	cuStreamCreate              func(s *Stream, flags uint32) int32
 	cuStreamCreateWithPriority  func(s *Stream, flags uint32, priority int32) int32
@@ -202,6 +206,10 @@ func (d *driver) load(path string) error {
 	lib.bind(&d.cuCtxSetCurrent, "cuCtxSetCurrent")
 	lib.bind(&d.cuCtxSynchronize, "cuCtxSynchronize")
 	lib.bind(&d.cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
+	lib.optional(&d.cuStreamWaitValue32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+	lib.bind(&d.cuIpcGetMemHandle, "cuIpcGetMemHandle")
+	lib.bind(&d.cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle")
+	lib.bind(&d.cuIpcCloseMemHandle, "cuIpcCloseMemHandle")
 	lib.bind(&d.cuStreamCreate, "cuStreamCreate")
 	lib.bind(&d.cuStreamCreateWithPriority, "cuStreamCreateWithPriority")
 	lib.bind(&d.cuCtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange")
@@ -445,6 +453,40 @@ func EventElapsedTime(start, end Event) (float32, error) {
 	return ms, err
 }
 
+// StreamWaitValueGEQ makes s wait until the 32-bit word at addr is at least v (unsigned).
+// It reports false when the driver lacks stream memory operations.
+func StreamWaitValueGEQ(s Stream, addr DevicePtr, v uint32) (bool, error) {
+	if drv.cuStreamWaitValue32 == nil {
+		return false, nil
+	}
+	const geq = 0x0 // CU_STREAM_WAIT_VALUE_GEQ
+	return true, check("cuStreamWaitValue32", drv.cuStreamWaitValue32(s, addr, v, geq))
+}
+
+// IPCMemHandle is a CUipcMemHandle: what another process needs to map an allocation.
+type IPCMemHandle struct{ Reserved [64]byte }
+
+// IpcGetMemHandle returns the handle of the allocation (from MemAlloc) at p.
+func IpcGetMemHandle(p DevicePtr) (IPCMemHandle, error) {
+	var h IPCMemHandle
+	err := check("cuIpcGetMemHandle", drv.cuIpcGetMemHandle(&h, p))
+	return h, err
+}
+
+// IpcOpenMemHandle maps another process's allocation into the current context, enabling
+// peer access to its device as needed.
+func IpcOpenMemHandle(h IPCMemHandle) (DevicePtr, error) {
+	var p DevicePtr
+	const lazyPeer = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+	err := check("cuIpcOpenMemHandle", drv.cuIpcOpenMemHandle(&p, h, lazyPeer))
+	return p, err
+}
+
+// IpcCloseMemHandle unmaps what IpcOpenMemHandle mapped.
+func IpcCloseMemHandle(p DevicePtr) error {
+	return check("cuIpcCloseMemHandle", drv.cuIpcCloseMemHandle(p))
+}
+
 // MemAlloc allocates n bytes of device memory synchronously.
 func MemAlloc(n uint64) (DevicePtr, error) {
 	var p DevicePtr
@@ -657,3 +699,6 @@ func TensorMapEncodeTiled(dtype int, addr DevicePtr, dims, strides []uint64, box
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&tm[0])), 128), nil
 }
+
+// HasStreamWaitValue reports whether the driver has cuStreamWaitValue32.
+func HasStreamWaitValue() bool { return drv.cuStreamWaitValue32 != nil }
