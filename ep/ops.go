@@ -305,19 +305,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 		specs = append(specs, bufSpec{device.F32, K})
 	}
 	cso, cro := compact(l.sendOff, r), compact(l.recvOff, r)
-	// Rank q receives the rows of every other rank, by rank.
-	geom := func(q int) (n, at int) {
-		for p := range R {
-			if p == r {
-				at = n
-			}
-			if p != q {
-				n += l.pair[p*R+q]
-			}
-		}
-		return n, at
-	}
-	xf, err := l.buffers(s, tmp, specs, l.sendOff[R]-l.tokTo[r], cso, l.tokTo, cro, l.tokFrom, geom)
+	xf, err := l.buffers(s, tmp, specs, l.sendOff[R]-l.tokTo[r], cso, l.tokTo, cro, l.tokFrom, l.dispatchGeom)
 	if err != nil {
 		return err
 	}
@@ -530,17 +518,7 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 		specs = append(specs, bufSpec{device.F32, K})
 	}
 	cro := compact(l.recvOff, r)
-	// Rank q receives back a partial sum of each token it sent, in its send order.
-	geom := func(q int) (n, at int) {
-		for d := range R {
-			if d == r {
-				at = n
-			}
-			n += l.pair[q*R+d]
-		}
-		return n, at
-	}
-	xf, err := l.buffers(s, tmp, specs, l.recvOff[R]-l.tokFrom[r], cro, l.tokFrom, l.sendOff, l.tokTo, geom)
+	xf, err := l.buffers(s, tmp, specs, l.recvOff[R]-l.tokFrom[r], cro, l.tokFrom, l.sendOff, l.tokTo, l.combineGeom)
 	if err != nil {
 		return err
 	}

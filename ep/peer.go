@@ -88,17 +88,10 @@ func (w *window) release() error {
 // part, its process and host, its GPU, its window's address and IPC handle.
 const peerRecord = 5 + 8
 
-// peerBlocked says why this rank moves payload through the transport only, or "".
-func (g *Group) peerBlocked() string {
-	switch {
-	case g.cfg.TransportOnly:
-		return "Config.TransportOnly"
-	case os.Getenv("DROPLESS_EP_PEER") == "0":
-		return "DROPLESS_EP_PEER=0"
-	case !g.dev.CanWaitOnMemory():
-		return "the CUDA driver lacks stream memory waits"
-	}
-	return ""
+// peerAllowed reports whether this rank may write into other ranks' memory: not with
+// Config.TransportOnly or DROPLESS_EP_PEER=0, nor without stream memory waits.
+func (g *Group) peerAllowed() bool {
+	return !g.cfg.TransportOnly && os.Getenv("DROPLESS_EP_PEER") != "0" && g.dev.CanWaitOnMemory()
 }
 
 // hostID identifies this host and boot, so that ranks in other processes know whether
@@ -177,7 +170,7 @@ func (g *Group) setupWindow(s *device.Stream, size int) (out *window, err error)
 		}
 	}()
 	rec := make([]int64, peerRecord)
-	if why := g.peerBlocked(); why == "" {
+	if g.peerAllowed() {
 		rec[0] = 1
 		if w.mem, err = g.dev.AllocPeerMemory(w.head + size); err != nil {
 			rec[0] = 0
@@ -301,6 +294,34 @@ func (b bufSpec) rowBytes() int { return b.cols * b.dt.Size() }
 // recvGeom gives, for a receiving rank q, the rows of q's receive tensors and where the
 // rows that this rank sends q begin among them.
 type recvGeom func(q int) (rows, at int)
+
+// dispatchGeom is the recvGeom of a dispatch: rank q receives the tokens of every other
+// rank, by rank.
+func (l *Layout) dispatchGeom(q int) (rows, at int) {
+	R, r := l.g.r, l.g.rank
+	for p := range R {
+		if p == r {
+			at = rows
+		}
+		if p != q {
+			rows += l.pair[p*R+q]
+		}
+	}
+	return rows, at
+}
+
+// combineGeom is the recvGeom of a combine: rank q receives back a partial sum of each
+// token it sent, in its send order (its own included).
+func (l *Layout) combineGeom(q int) (rows, at int) {
+	R, r := l.g.r, l.g.rank
+	for d := range R {
+		if d == r {
+			at = rows
+		}
+		rows += l.pair[q*R+d]
+	}
+	return rows, at
+}
 
 // xfer is the buffers of one op's transfers: through the transport, send and receive
 // temporaries; directly, the receive tensors in this rank's window and, for each peer,

@@ -35,7 +35,7 @@ import (
 type options struct {
 	Ranks, Tokens, Hidden, Experts, TopK, Iters int
 	DType, Route, Capacity, Device              string
-	NCCL                                        bool
+	NCCL, TransportOnly                         bool
 	Seed                                        uint64
 }
 
@@ -51,6 +51,7 @@ func main() {
 	flag.StringVar(&o.Capacity, "capacity", o.Capacity, "expert buffer size: dropless (the worst case), exact (this step's demand), or a factor of the balanced load such as 1.25 (rows past it are dropped)")
 	flag.StringVar(&o.Device, "device", o.Device, "device of the in-process ranks: cpu, cuda or cuda:N (all ranks on it)")
 	flag.BoolVar(&o.NCCL, "nccl", false, "one rank per GPU over NCCL, all driven by this process")
+	flag.BoolVar(&o.TransportOnly, "transport-only", false, "move all payload through NCCL, never directly into another GPU's memory")
 	flag.IntVar(&o.Iters, "iters", 0, "timed dispatch+combine steps (default 10 on the CPU, 50 on GPUs)")
 	flag.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the routing and the rows")
 	flag.Usage = func() {
@@ -170,7 +171,7 @@ func run(o options) error {
 	fmt.Printf("ep: T=%d tokens per rank, H=%d %v, E=%d experts (%d per rank), K=%d, %s routing, capacity %v\n",
 		o.Tokens, o.Hidden, dtype, o.Experts, o.Experts/R, o.TopK, o.Route, capacity)
 
-	cfg := ep.Config{Experts: o.Experts, TopK: o.TopK, Capacity: capacity}
+	cfg := ep.Config{Experts: o.Experts, TopK: o.TopK, Capacity: capacity, TransportOnly: o.TransportOnly}
 	if o.Capacity != "dropless" && o.Capacity != "exact" {
 		cfg.Overflow = ep.Drop
 	}
@@ -234,6 +235,7 @@ type rankResult struct {
 	layout, step            time.Duration
 	checked, bad            int
 	worst                   float64
+	direct                  bool // payload written into the peers' memory
 }
 
 // routing returns T rows of K distinct experts of E.
@@ -381,6 +383,7 @@ func runRank(tr ep.Transport, cfg ep.Config, o options, dtype device.DType) (*ra
 	if err != nil {
 		return nil, err
 	}
+	res.direct = g.Direct()
 	if cfg.Overflow != ep.Drop {
 		// Each rank's partial sum is rounded to the dtype, and so is the total.
 		ulp := map[device.DType]float64{device.F32: 0x1p-23, device.BF16: 0x1p-8, device.F16: 0x1p-11}[dtype]
@@ -470,6 +473,9 @@ func printResults(res []*rankResult, R int, dtype device.DType) {
 	fmt.Println("bytes sent: the rows this rank sent to other ranks in one dispatch (each token once per rank)")
 	fmt.Println("and one combine (a partial sum per received token); without dedup: an all-to-all of every")
 	fmt.Println("routing entry each way. Rows kept on the rank itself are not sent.")
+	if len(res) > 0 && res[0].direct {
+		fmt.Println("transfers: written straight into the other GPUs' memory (ep.Config.TransportOnly turns it off)")
+	}
 	for _, r := range res {
 		switch {
 		case r.checked == 0:
