@@ -45,7 +45,7 @@ func SetTrace(g *Group, f func(at string, s *device.Stream)) { g.trace = f }
 // host's time to enqueue a phase.
 func (l *Layout) Phases(s *device.Stream, x *device.Tensor, n int) (map[string]time.Duration, error) {
 	g := l.g
-	R, r, H, C := g.r, g.rank, x.Dim(1), g.cfg.Chunks
+	R, r, H, C := g.r, g.rank, x.Dim(1), g.chunks()
 	tmp := &temps{s: s}
 	defer tmp.free()
 	nS, nR := l.sendOff[R]-l.tokTo[r], l.recvOff[R]-l.tokFrom[r]

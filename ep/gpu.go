@@ -16,9 +16,8 @@ var Kernels = device.NewProgram("ep.cu", kernelSrc)
 
 // gpuBackend launches the kernels of Kernels.
 type gpuBackend struct {
-	dev    *device.Device
-	cs     *device.Stream // the group's transfer stream
-	direct bool           // the group transfers directly (peer.go)
+	dev *device.Device
+	g   *Group // for its transfer stream and whether it transfers directly
 }
 
 const (
@@ -64,7 +63,7 @@ func (b *gpuBackend) rowGrid(n int, pack bool) int {
 	switch {
 	case pack:
 		f = packPerSM
-	case b.direct:
+	case b.g.win != nil:
 		f = directPerSM
 	}
 	return max(1, min((n+w-1)/w, int(f*float64(b.dev.Multiprocessors()))))
@@ -76,7 +75,7 @@ func (b *gpuBackend) rowLaunch(s *device.Stream, name string, n int, args ...any
 	if err != nil {
 		return err
 	}
-	return k.Launch(s, device.D1(b.rowGrid(n, s == b.cs)), device.D1(rowThreads), 0, args...)
+	return k.Launch(s, device.D1(b.rowGrid(n, s == b.g.cs)), device.D1(rowThreads), 0, args...)
 }
 
 func blocks(n int) int { return max(1, (n+block-1)/block) }

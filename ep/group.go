@@ -25,9 +25,8 @@ type Group struct {
 
 	trace func(at string, s *device.Stream) // test hook: marks points of Dispatch and Combine
 
-	win        *window // direct transfers (peer.go), set up by the first op
-	noPeer     bool    // payload goes through the transport
-	autoChunks bool    // Config.Chunks was 0
+	win    *window // direct transfers (peer.go), set up by the first op
+	noPeer bool    // payload goes through the transport
 
 	step    int // layouts since the last capacity check (CheckEvery > 1)
 	pending *CapacityError
@@ -46,13 +45,6 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 	}
 	g := &Group{tr: tr, cfg: cfg, dev: tr.Device(), rank: tr.Rank(), r: tr.Size(), e: cfg.Experts, l: cfg.Experts / tr.Size(), k: cfg.TopK}
 
-	if g.cfg.Chunks == 0 {
-		g.autoChunks = true
-		g.cfg.Chunks = 1
-		if g.dev.IsCUDA() {
-			g.cfg.Chunks = 4
-		}
-	}
 	// Transfers run on a stream of the highest priority, so that their kernels start as
 	// soon as multiprocessors free up.
 	var err error
@@ -60,7 +52,7 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 		return nil, err
 	}
 	if g.dev.IsCUDA() {
-		g.be = &gpuBackend{dev: g.dev, cs: g.cs}
+		g.be = &gpuBackend{dev: g.dev, g: g}
 	} else {
 		g.be = cpuBackend{}
 	}
@@ -92,8 +84,26 @@ func (g *Group) Close() error {
 func (g *Group) Direct() bool { return g.win != nil }
 
 // Config returns the group's configuration, with defaults filled in (Chunks as the
-// first op has set it, when it decided on direct transfers).
-func (g *Group) Config() Config { return g.cfg }
+// ops use it now: with direct transfers, once the first op has decided on them).
+func (g *Group) Config() Config {
+	c := g.cfg
+	c.Chunks = g.chunks()
+	return c
+}
+
+// chunks is the number of pieces of a transfer: Config.Chunks, or by default 1 on the
+// CPU, 4 on GPUs through the transport and directChunks with direct transfers.
+func (g *Group) chunks() int {
+	switch {
+	case g.cfg.Chunks > 0:
+		return g.cfg.Chunks
+	case !g.dev.IsCUDA():
+		return 1
+	case g.win != nil:
+		return directChunks
+	}
+	return 4
+}
 
 // Transport returns the group's transport.
 func (g *Group) Transport() Transport { return g.tr }
@@ -291,7 +301,7 @@ func (l *Layout) plan(host []int32) error {
 	l.tokTo, l.tokFrom = make([]int, R), make([]int, R)
 	l.sendOff, l.recvOff = make([]int, R+1), make([]int, R+1)
 	for d := range R {
-		l.tokTo[d], l.tokFrom[d] = at(me, d, 3), at(d, me, 3)
+		l.tokTo[d], l.tokFrom[d] = l.pair[me*R+d], l.pair[d*R+me]
 		l.sendOff[d+1] = l.sendOff[d] + l.tokTo[d]
 		l.recvOff[d+1] = l.recvOff[d] + l.tokFrom[d]
 	}

@@ -160,16 +160,6 @@ func (t *temps) free() {
 	}
 }
 
-func nonNil(ts ...*device.Tensor) []*device.Tensor {
-	var out []*device.Tensor
-	for _, t := range ts {
-		if t != nil {
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
 func checkShape(s *device.Stream, x *device.Tensor, what string, dt device.DType, shape ...int) error {
 	if x == nil {
 		return fmt.Errorf("ep: %s is nil", what)
@@ -309,7 +299,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 	if err != nil {
 		return err
 	}
-	C := g.cfg.Chunks // once buffers has decided on direct transfers
+	C := g.chunks() // once buffers has decided on direct transfers
 	recvX := xf.recv[0]
 	var recvW *device.Tensor
 	if weights != nil {
@@ -367,7 +357,7 @@ func (l *Layout) transfers(s *device.Stream, x *xfer, pack func(st *device.Strea
 	if x.win != nil {
 		return l.direct(s, x, pack, local, arrive)
 	}
-	R, r, C, cs := l.g.r, l.g.rank, l.g.cfg.Chunks, l.g.cs
+	R, r, C, cs := l.g.r, l.g.rank, l.g.chunks(), l.g.cs
 	var packed, arrived []*device.Event
 	defer func() {
 		for _, e := range packed {
@@ -539,7 +529,7 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 	}
 	// part selects the tokens of the final sums of chunk c (-1: no other rank's partial sum).
 	part := func(c int) *finalPart {
-		return &finalPart{rank: r, c: c, C: g.cfg.Chunks, sendOff: l.sendOff, dev: l.sendOfs}
+		return &finalPart{rank: r, c: c, C: g.chunks(), sendOff: l.sendOff, dev: l.sendOfs}
 	}
 	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		return sums(st, dst, l.recvOff[p]+lo)
@@ -563,7 +553,7 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 			return err
 		}
 		g.mark(s, "final", c)
-		if dW != nil && c == g.cfg.Chunks-1 {
+		if dW != nil && c == g.chunks()-1 {
 			// Every weight gradient has come back (and is read before the window is
 			// handed back to the peers).
 			return g.be.dwUnpack(s, dweights, l.idx, l.sendRow, dback, g.l)

@@ -84,9 +84,17 @@ func (w *window) release() error {
 	return first
 }
 
-// peerRecord is what a rank tells the others when windows are set up: whether it takes
-// part, its process and host, its GPU, its window's address and IPC handle.
-const peerRecord = 5 + 8
+// A peer record is what a rank tells the others when windows are set up: whether it
+// takes part, its process, host and GPU, its window's address and IPC handle (8 words).
+const (
+	recOK = iota
+	recPID
+	recHost
+	recGPU
+	recPtr
+	recHandle
+	peerRecord = recHandle + 8
+)
 
 // peerAllowed reports whether this rank may write into other ranks' memory: not with
 // Config.TransportOnly or DROPLESS_EP_PEER=0, nor without stream memory waits.
@@ -129,10 +137,6 @@ func (g *Group) peerWindow(s *device.Stream, need int) (*window, error) {
 		return nil, err
 	}
 	g.win, g.noPeer = w, w == nil
-	g.be.(*gpuBackend).direct = w != nil
-	if w != nil && g.autoChunks {
-		g.cfg.Chunks = directChunks
-	}
 	return w, nil
 }
 
@@ -144,7 +148,6 @@ func (g *Group) peerWindow(s *device.Stream, need int) (*window, error) {
 func (g *Group) dropWindow(s *device.Stream) error {
 	w := g.win
 	g.win = nil
-	g.be.(*gpuBackend).direct = false
 	err := g.tr.Sync(s)
 	if err == nil {
 		err = g.tr.Sync(g.cs)
@@ -171,21 +174,21 @@ func (g *Group) setupWindow(s *device.Stream, size int) (out *window, err error)
 	}()
 	rec := make([]int64, peerRecord)
 	if g.peerAllowed() {
-		rec[0] = 1
+		rec[recOK] = 1
 		if w.mem, err = g.dev.AllocPeerMemory(w.head + size); err != nil {
-			rec[0] = 0
+			rec[recOK] = 0
 		} else if h, err := w.mem.Handle(); err != nil {
-			rec[0] = 0
+			rec[recOK] = 0
 		} else {
 			for i := range 8 {
-				rec[5+i] = int64(binary.LittleEndian.Uint64(h[8*i:]))
+				rec[recHandle+i] = int64(binary.LittleEndian.Uint64(h[8*i:]))
 			}
 		}
 		err = nil
 	}
-	rec[1], rec[2], rec[3] = int64(os.Getpid()), hostID(), int64(g.dev.Ordinal())
+	rec[recPID], rec[recHost], rec[recGPU] = int64(os.Getpid()), hostID(), int64(g.dev.Ordinal())
 	if w.mem != nil {
-		rec[4] = int64(w.mem.Ptr())
+		rec[recPtr] = int64(w.mem.Ptr())
 	}
 	all, err := g.allGather64(s, rec)
 	if err != nil {
@@ -193,11 +196,11 @@ func (g *Group) setupWindow(s *device.Stream, size int) (out *window, err error)
 	}
 	ok := int64(1)
 	for q := range R {
-		ok &= all[q*peerRecord]
+		ok &= all[q*peerRecord+recOK]
 		// Ranks that share a GPU go through the transport: streams that wait on memory
 		// would hold the GPU's hardware queues that the others need.
 		for p := range q {
-			if all[p*peerRecord+1] == all[q*peerRecord+1] && all[p*peerRecord+3] == all[q*peerRecord+3] {
+			if all[p*peerRecord+recPID] == all[q*peerRecord+recPID] && all[p*peerRecord+recGPU] == all[q*peerRecord+recGPU] {
 				ok = 0
 			}
 		}
@@ -212,16 +215,19 @@ func (g *Group) setupWindow(s *device.Stream, size int) (out *window, err error)
 		switch {
 		case q == me:
 			w.addr[q] = w.mem.Ptr()
-		case o[1] == rec[1]:
+		case o[recPID] == rec[recPID]:
 			var peer *device.Device
-			if peer, err = device.Open(fmt.Sprintf("cuda:%d", o[3])); err == nil {
+			if peer, err = device.Open(fmt.Sprintf("cuda:%d", o[recGPU])); err == nil {
 				err = g.dev.EnablePeerAccess(peer)
 			}
-			w.addr[q], ok, err = uintptr(o[4]), b64(err == nil), nil
-		case o[2] == rec[2]:
+			if err != nil {
+				ok, err = 0, nil
+			}
+			w.addr[q] = uintptr(o[recPtr])
+		case o[recHost] == rec[recHost]:
 			var h device.PeerHandle
 			for i := range 8 {
-				binary.LittleEndian.PutUint64(h[8*i:], uint64(o[5+i]))
+				binary.LittleEndian.PutUint64(h[8*i:], uint64(o[recHandle+i]))
 			}
 			addr, closeFn, err := g.dev.OpenPeerMemory(h)
 			if err != nil {
@@ -251,13 +257,6 @@ func (g *Group) setupWindow(s *device.Stream, size int) (out *window, err error)
 		return nil, err
 	}
 	return w, nil
-}
-
-func b64(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // allGather64 gathers v (the same length on every rank) from every rank, in rank order,
@@ -364,14 +363,17 @@ func (l *Layout) buffers(s *device.Stream, tmp *temps, specs []bufSpec, nSend in
 		}
 		return offs, total
 	}
-	need := 0
-	for q := range R {
-		_, n := carve(q)
-		need = max(need, n)
-	}
-	w, err := g.peerWindow(s, need)
-	if err != nil {
-		return nil, err
+	var w *window
+	if !g.noPeer {
+		need := 0
+		for q := range R {
+			_, n := carve(q)
+			need = max(need, n)
+		}
+		var err error
+		if w, err = g.peerWindow(s, need); err != nil {
+			return nil, err
+		}
 	}
 	if w == nil {
 		n, _ := geom(r)
@@ -394,6 +396,7 @@ func (l *Layout) buffers(s *device.Stream, tmp *temps, specs []bufSpec, nSend in
 		}
 		return ts, at, nil
 	}
+	var err error
 	if x.recv, _, err = view(r); err != nil {
 		return nil, err
 	}
@@ -421,7 +424,7 @@ func (l *Layout) buffers(s *device.Stream, tmp *temps, specs []bufSpec, nSend in
 func (l *Layout) direct(s *device.Stream, x *xfer, pack func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error,
 	local func() error, arrive func(c int) error) (err error) {
 	g := l.g
-	w, R, r, C, cs := x.win, g.r, g.rank, g.cfg.Chunks, g.cs
+	w, R, r, C, cs := x.win, g.r, g.rank, g.chunks(), g.cs
 	be, ok := g.be.(*gpuBackend)
 	if !ok {
 		return fmt.Errorf("ep: direct transfers on %v", g.dev)
