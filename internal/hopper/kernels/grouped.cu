@@ -59,6 +59,12 @@ extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G,
 
 __device__ __forceinline__ u32 hb_smem(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
+// hb_align returns the first 1024-byte aligned byte of the dynamic shared memory raw (the
+// 128-byte swizzle needs it). It offsets raw rather than rounding an integer, so that the
+// compiler still knows the result for shared memory and addresses it with 32-bit shared
+// loads and stores instead of generic 64-bit ones.
+__device__ __forceinline__ unsigned char *hb_align(unsigned char *raw) { return raw + ((1024 - (hb_smem(raw) & 1023)) & 1023); }
+
 __device__ __forceinline__ void hb_mbar_init(u64 *bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(hb_smem(bar)), "r"(count));
 }
@@ -195,7 +201,7 @@ template <int BMN, int F32OUT>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
                                            int Kc, int *status) {
     extern __shared__ unsigned char hb_raw[];
-    unsigned char *smem = (unsigned char *)(((u64)hb_raw + 1023) & ~(u64)1023);
+    unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
     u64 *empty = full + HB_STAGES;
     int *tstart = (int *)(empty + HB_STAGES);
@@ -211,7 +217,10 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     if (bad) return;
     const int total = tstart[G];
     const int nkb = (Kc + HB_BK - 1) / HB_BK;
-    const int wg = tid / 128;
+    // The warpgroup index, broadcast from lane 0 so that the compiler sees it uniform over
+    // the warp: the branch on active below must not look divergent, or ptxas serializes
+    // every wgmma (waiting for each before issuing the next).
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
@@ -219,7 +228,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
             for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
                 int g = hb_group(tstart, G, tile);
                 int local = tile - tstart[g];
-                int mtiles = (sizes[g] + HB_BM - 1) / HB_BM;
+                int mtiles = (rstart[g + 1] - rstart[g] + HB_BM - 1) / HB_BM;
                 int mt = local % mtiles, nt = local / mtiles;
                 int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
                 for (int kb = 0; kb < nkb; kb++, it++) {
@@ -248,7 +257,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             int g = hb_group(tstart, G, tile);
             int local = tile - tstart[g];
-            int sz = sizes[g];
+            int sz = rstart[g + 1] - rstart[g];
             int mtiles = (sz + HB_BM - 1) / HB_BM;
             int mt = local % mtiles, nt = local / mtiles;
             int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
@@ -332,7 +341,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                                          int G, int M, int K, int N, int *status) {
     constexpr int S = STG ? 3 : HB_STAGES;
     extern __shared__ unsigned char hb_raw[];
-    unsigned char *smem = (unsigned char *)(((u64)hb_raw + 1023) & ~(u64)1023);
+    unsigned char *smem = hb_align(hb_raw);
     unsigned char *stg = smem + S * HB_STAGE_BYTES;
     u64 *full = (u64 *)(stg + (STG ? 65536 : 0));
     u64 *empty = full + S;
@@ -347,7 +356,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     if (bad) return;
     const int tk = (K + HB_BM - 1) / HB_BM, tn = (N + HB_BN - 1) / HB_BN;
     const int total = G * tk * tn;
-    const int wg = tid / 128;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0); // uniform over the warp, as above
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
@@ -355,7 +364,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
             for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
                 int g = tile / (tk * tn), local = tile % (tk * tn);
                 int m0 = (local % tk) * HB_BM, n0 = (local / tk) * HB_BN;
-                int nkb = (sizes[g] + HB_BK - 1) / HB_BK;
+                int nkb = (rstart[g + 1] - rstart[g] + HB_BK - 1) / HB_BK;
                 for (int kb = 0; kb < nkb; kb++, it++) {
                     int st = it % S;
                     u32 ph = (it / S) & 1;
@@ -380,7 +389,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             int g = tile / (tk * tn), local = tile % (tk * tn);
             int m0 = (local % tk) * HB_BM, n0 = (local / tk) * HB_BN;
-            int sz = sizes[g];
+            int sz = rstart[g + 1] - rstart[g];
             int nkb = (sz + HB_BK - 1) / HB_BK;
             if (nkb == 0) {
                 if (ACC) continue;
@@ -428,15 +437,17 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                 unsigned char *mine = stg + c * 32768;
                 if (ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
                 asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+                // The pair of columns 8j + 2(lane%4) of rows r and r+8 (r = 16w + lane/4) goes to
+                // box j/8, 16-byte chunk (j%8) ^ (r%8) of the row: one base address a thread,
+                // immediate offsets for the rest.
+                const int r = w * 16 + lane / 4, x = r & 7;
+                unsigned char *row = mine + r * 128 + (lane % 4) * 4;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    int rr = w * 16 + lane / 4 + 8 * h;
 #pragma unroll
                     for (int j = 0; j < 32; j++) {
-                        int cc = 8 * j + 2 * (lane % 4);
-                        int chunk = ((cc & 63) >> 3) ^ (rr & 7);
                         u32 v = hb_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-                        *(u32 *)(mine + (cc >> 6) * 8192 + rr * 128 + chunk * 16 + (cc & 7) * 2) = v;
+                        *(u32 *)(row + h * 1024 + (j >> 3) * 8192 + (((j & 7) ^ x) << 4)) = v;
                     }
                 }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
