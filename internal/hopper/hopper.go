@@ -24,6 +24,10 @@ const (
 	// staging area, plus barriers, group tables and alignment slack.
 	smemBytes = 3*(bm*bk*2+bn*bk*2) + 65536 + 2*4*8 + 2*(maxG+1)*4 + 1024
 	maxG      = 1024
+	// lightRows is the forward kernels' schedule threshold: the tiles of groups of fewer
+	// rows (one row tile) are spread evenly among those of longer groups, see the kernels'
+	// source. The forward's three group tables stay within smemBytes.
+	lightRows = bm + 1
 )
 
 var support sync.Map // *device.Device → error
@@ -126,7 +130,7 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 		return err
 	}
 	if err := k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), statusArg(status)); err != nil {
+		int32(G), int32(M), int32(N), int32(Kc), statusArg(status), int32(lightRows)); err != nil {
 		return err
 	}
 	return z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32)

@@ -6,9 +6,10 @@
 // B_g comes from a 3-D tensor map over the weights [G, ·, ·]:
 //   K-major (BMN = 0): box {64 contraction, 256 output} — w[G,N,K] forward, w[G,K,N] input gradient;
 //   MN-major (BMN = 1): four boxes {64 output, 64 contraction} — w[G,K,N] forward.
-// A persistent grid walks a linear tile index over all groups (each group's m-tiles inner,
-// so CTAs running together share a weight tile); group offsets are prefix sums computed from
-// the sizes on the device. One producer warp issues TMA into a 4-stage ring guarded by
+// A persistent grid walks the tiles of all groups (each group's m-tiles inner, so CTAs
+// running together share a weight tile; the forward spreads the tiles of short groups among
+// the others, see the tile schedule below); group offsets are prefix sums computed from the
+// sizes on the device. One producer warp issues TMA into a 4-stage ring guarded by
 // mbarriers; two consumer warpgroups each run m64n256k16 wgmma on 64 of the tile's 128 rows.
 // Rows past a group's end and columns past N are masked in the epilogue; TMA zero-fills
 // reads past the tensors' ends, so any M, any Kc, N ≥ 1 work (strides must be 16-byte multiples).
@@ -124,28 +125,45 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
+// Tile schedule of the forward kernels. A group of fewer than light rows (one row tile by
+// default) is light: its tiles stream the group's whole weight tile for little math, bound
+// by memory; the other groups' tiles are heavy, bound by the tensor cores. Each CTA walks
+// positions p = blockIdx.x, + gridDim.x, ... of a merged order that spreads the L light
+// tiles evenly among the T tiles (p is light when floor((p+1)·L/T) > floor(p·L/T)), so that
+// the light tiles' memory traffic overlaps the heavy tiles' math instead of running in
+// bursts. Within each class tiles follow the groups' order, each group's row tiles
+// innermost, so that CTAs running together share a weight tile. The CTA keeps
+// q = floor(p·L/T) and r = p·L mod T, advanced by constants that warp 0 computes once
+// (sched: L, T, the steps of q and r for gridDim.x positions, q and r of blockIdx.x).
+struct hb_sched {
+    unsigned L, T, dq, dr, q0, r0;
+};
+
 // hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
 // rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per 128-row
-// block), 32 groups at a time with warp shuffles, records the first invalid size in
+// block: tstart for the heavy groups, lstart for the light ones, with sc the schedule's
+// constants), 32 groups at a time with warp shuffles, records the first invalid size in
 // status (block 0 only) and initializes the S-stage barrier ring. It returns, in every
 // lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
-__device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int *tstart, int *rstart, int *status,
-                                        u64 *full, u64 *empty, int S) {
+__device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int *tstart, int *lstart,
+                                        hb_sched *sc, int *rstart, int *status, u64 *full, u64 *empty, int S) {
     const int lane = threadIdx.x & 31;
     long long r = 0;
-    int t = 0, err = 0, eg = 0;
+    int t = 0, l = 0, err = 0, eg = 0;
     long long ev = 0;
     for (int base = 0; base < G; base += 32) {
         const int g = base + lane;
         const int sz = g < G ? sizes[g] : 0;
-        const int tl = sz > 0 ? ((sz + HB_BM - 1) / HB_BM) * ntn : 0;
+        const int nt = sz > 0 ? ((sz + HB_BM - 1) / HB_BM) * ntn : 0;
+        const int tl = sz < light ? 0 : nt, ll = sz < light ? nt : 0;
         long long rin = sz; // inclusive prefix sums within the 32 groups
-        int tin = tl;
+        int tin = tl, lin = ll;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const long long a = __shfl_up_sync(0xffffffffu, rin, o);
             const int b = __shfl_up_sync(0xffffffffu, tin, o);
-            if (lane >= o) rin += a, tin += b;
+            const int c = __shfl_up_sync(0xffffffffu, lin, o);
+            if (lane >= o) rin += a, tin += b, lin += c;
         }
         // Before the first negative size the prefix sums are exact, so the first error is
         // the earlier of the first negative size and the first sum past M.
@@ -154,7 +172,7 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
         const int fn = neg ? __ffs(neg) - 1 : 32, fo = over ? __ffs(over) - 1 : 32;
         if (g < G) {
             rstart[g] = (int)(r + rin - sz);
-            if (tstart) tstart[g] = t + tin - tl;
+            if (tstart) tstart[g] = t + tin - tl, lstart[g] = l + lin - ll;
         }
         if (fn < 32 || fo < 32) {
             const int at = min(fn, fo);
@@ -165,11 +183,18 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
         }
         r += __shfl_sync(0xffffffffu, rin, 31);
         t += __shfl_sync(0xffffffffu, tin, 31);
+        l += __shfl_sync(0xffffffffu, lin, 31);
     }
     if (lane == 0) {
         if (!err) {
-            if (tstart) tstart[G] = t;
             rstart[G] = (int)r;
+            if (tstart) {
+                tstart[G] = t, lstart[G] = l;
+                const u64 T = (u64)t + l, a = (u64)blockIdx.x * l, b = (u64)gridDim.x * l;
+                sc->L = l, sc->T = (unsigned)T;
+                sc->q0 = T ? (unsigned)(a / T) : 0, sc->r0 = T ? (unsigned)(a % T) : 0;
+                sc->dq = T ? (unsigned)(b / T) : 0, sc->dr = T ? (unsigned)(b % T) : 0;
+            }
         }
         if (err && blockIdx.x == 0 && status) {
             status[1] = eg;
@@ -186,36 +211,54 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
     return err;
 }
 
-// The group of linear tile index tile: the largest g with tstart[g] <= tile.
-__device__ __forceinline__ int hb_group(const int *tstart, int G, int tile) {
+// The group of tile i of a class with tile offsets ts: the largest g with ts[g] <= i (a group
+// with tiles in the class, as ts[g+1] > i).
+__device__ __forceinline__ int hb_group(const int *ts, int G, int i) {
     int lo = 0, hi = G - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
-        if (tstart[mid] <= tile) lo = mid;
+        if (ts[mid] <= i) lo = mid;
         else hi = mid - 1;
     }
     return lo;
 }
 
+// hb_pick returns the group of schedule position p, with q and r as in hb_sched, sets
+// *local to the tile's index within the group and advances q and r to the CTA's next
+// position.
+__device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, const int *lstart, int G, int p, unsigned &q,
+                                       unsigned &r, int *local) {
+    const bool lt = r + sc->L >= sc->T;
+    const int *ts = lt ? lstart : tstart;
+    const int i = lt ? (int)q : p - (int)q;
+    const int g = hb_group(ts, G, i);
+    *local = i - ts[g];
+    q += sc->dq, r += sc->dr;
+    if (r >= sc->T) r -= sc->T, q++;
+    return g;
+}
+
 template <int BMN, int F32OUT>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
-                                           int Kc, int *status) {
+                                           int Kc, int *status, int light) {
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
     u64 *empty = full + HB_STAGES;
     int *tstart = (int *)(empty + HB_STAGES);
     int *rstart = tstart + (HB_MAXG + 1);
+    int *lstart = rstart + (HB_MAXG + 1);
+    __shared__ hb_sched sc;
     __shared__ int bad;
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, ntn, tstart, rstart, status, full, empty, HB_STAGES);
+        const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, full, empty, HB_STAGES);
         if (tid == 0) bad = e;
     }
     __syncthreads();
     if (bad) return;
-    const int total = tstart[G];
+    const int total = tstart[G] + lstart[G];
     const int nkb = (Kc + HB_BK - 1) / HB_BK;
     // The warpgroup index, broadcast from lane 0 so that the compiler sees it uniform over
     // the warp: the branch on active below must not look divergent, or ptxas serializes
@@ -225,9 +268,10 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
+            unsigned sq = sc.q0, sr = sc.r0;
             for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-                int g = hb_group(tstart, G, tile);
-                int local = tile - tstart[g];
+                int local;
+                int g = hb_pick(&sc, tstart, lstart, G, tile, sq, sr, &local);
                 int mtiles = (rstart[g + 1] - rstart[g] + HB_BM - 1) / HB_BM;
                 int mt = local % mtiles, nt = local / mtiles;
                 int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
@@ -254,9 +298,10 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         const int w = (tid % 128) / 32, lane = tid % 32;
         float d[128];
         int it = 0, prev = 0;
+        unsigned sq = sc.q0, sr = sc.r0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-            int g = hb_group(tstart, G, tile);
-            int local = tile - tstart[g];
+            int local;
+            int g = hb_pick(&sc, tstart, lstart, G, tile, sq, sr, &local);
             int sz = rstart[g + 1] - rstart[g];
             int mtiles = (sz + HB_BM - 1) / HB_BM;
             int mt = local % mtiles, nt = local / mtiles;
@@ -349,7 +394,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     __shared__ int bad;
     const int tid = threadIdx.x;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, 0, nullptr, rstart, status, full, empty, S);
+        const int e = hb_setup(sizes, G, M, 0, 0, nullptr, nullptr, nullptr, rstart, status, full, empty, S);
         if (tid == 0) bad = e;
     }
     __syncthreads();
@@ -506,7 +551,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status);
+#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, light);
 #else
 #define HB_BODY(BMN, F32)
 #endif
@@ -514,7 +559,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #define HB_KERNEL(NAME, BMN, F32)                                                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
-             int M, int N, int Kc, int *status) {                                                                        \
+             int M, int N, int Kc, int *status, int light) {                                                                        \
         HB_BODY(BMN, F32)                                                                                                \
     }
 
