@@ -80,8 +80,9 @@ func supported(d *device.Device) error {
 // row-major, contraction contiguous); when true, b is [G,Kc,N]. Rows past sum(sizes)
 // are zeroed. Kc and N must be multiples of 8 (16-byte rows for the tensor maps) and
 // G at most 1024. Invalid sizes set status (I32[4]: code, group, value) and write
-// nothing (status may be nil: then invalid sizes only write nothing). Two launches on s;
-// nothing is copied to the host.
+// nothing (status may be nil: then invalid sizes only write nothing). Two launches on s
+// and a 4-byte stream-ordered allocation for the tile counter; nothing is copied to the
+// host.
 func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
@@ -129,11 +130,18 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 	if err != nil {
 		return err
 	}
-	if err := k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), statusArg(status), int32(lightRows)); err != nil {
+	// The tile counter of the schedule's last rounds, zeroed by the tail kernel that runs
+	// first: one per call, so that calls on several streams never share one.
+	next, err := s.Alloc(device.I32, 1)
+	if err != nil {
 		return err
 	}
-	return z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32)
+	defer next.Free()
+	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, next); err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
+		int32(G), int32(M), int32(N), int32(Kc), statusArg(status), int32(lightRows), next)
 }
 
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and

@@ -66,6 +66,8 @@ func TestGroupedGEMM(t *testing.T) {
 		{"mnmaj_big", 1024, 1024, 512, []int32{256, 0, 512, 200}, true, device.F32},
 		{"kmaj_big", 1024, 1024, 512, []int32{256, 0, 512, 200}, false, device.F32},
 		{"mnmaj_70_groups", 3000, 128, 256, manySizes(70, 80), true, device.BF16},
+		// More than 4·132 tiles: dealt rounds, then claimed ones, light groups among them.
+		{"mnmaj_dealt_and_claimed", 8000, 64, 2304, manySizes(56, 300), true, device.BF16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := dt.Rand(7)
@@ -116,6 +118,50 @@ func TestGroupedGEMM(t *testing.T) {
 				x.Free()
 			}
 		})
+	}
+}
+
+// TestGroupedGEMMStreams runs the forward kernel on two streams at once, several times:
+// each call has its own tile counter, so every result is the bytes of a call alone.
+func TestGroupedGEMMStreams(t *testing.T) {
+	d := hopperGPU(t)
+	s := d.Stream()
+	const M, K, N = 8000, 128, 2048
+	sizes := manySizes(56, 300) // 648 tiles: dealt rounds, then claimed ones
+	G := len(sizes)
+	a := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(11), M*K, 1), M, K))
+	b := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(12), G*K*N, 1), G, K, N))
+	sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
+	ref := dt.Must(s.Alloc(device.BF16, M, N))
+	dt.Poison(t, s, ref)
+	dt.NoErr(t, GroupedGEMM(s, ref, a, b, sz, nil, true))
+	want := make([]uint16, M*N)
+	dt.NoErr(t, device.Download(s, ref, want))
+	s2 := dt.Must(d.NewStream())
+	defer s2.Close()
+	ys := []*device.Tensor{dt.Must(s.Alloc(device.BF16, M, N)), dt.Must(s.Alloc(device.BF16, M, N))}
+	dt.NoErr(t, s.Synchronize())
+	for rep := range 4 {
+		for i, st := range []*device.Stream{s, s2} {
+			dt.Poison(t, st, ys[i])
+		}
+		for range 3 {
+			for i, st := range []*device.Stream{s, s2} {
+				dt.NoErr(t, GroupedGEMM(st, ys[i], a, b, sz, nil, true))
+			}
+		}
+		for i, st := range []*device.Stream{s, s2} {
+			got := make([]uint16, M*N)
+			dt.NoErr(t, device.Download(st, ys[i], got))
+			for j := range got {
+				if got[j] != want[j] {
+					t.Fatalf("round %d, stream %d: y[%d,%d] = %#04x, want %#04x (a call alone)", rep, i, j/N, j%N, got[j], want[j])
+				}
+			}
+		}
+	}
+	for _, x := range append(ys, a, b, sz, ref) {
+		x.Free()
 	}
 }
 

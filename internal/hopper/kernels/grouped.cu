@@ -8,9 +8,11 @@
 //   MN-major (BMN = 1): four boxes {64 output, 64 contraction} — w[G,K,N] forward.
 // A persistent grid walks the tiles of all groups (each group's m-tiles inner, so CTAs
 // running together share a weight tile; the forward spreads the tiles of short groups among
-// the others, see the tile schedule below); group offsets are prefix sums computed from the
-// sizes on the device. One producer warp issues TMA into a 4-stage ring guarded by
-// mbarriers; two consumer warpgroups each run m64n256k16 wgmma on 64 of the tile's 128 rows.
+// the others and claims its last rounds of tiles from a counter, see the tile schedule
+// below); group offsets are prefix sums computed from the sizes on the device. One producer
+// warp issues TMA into a 4-stage ring guarded by mbarriers and hands each tile's position to
+// the consumers through a small ring of its own; two consumer warpgroups each run
+// m64n256k16 wgmma on 64 of the tile's 128 rows.
 // Rows past a group's end and columns past N are masked in the epilogue; TMA zero-fills
 // reads past the tensors' ends, so any M, any Kc, N ≥ 1 work (strides must be 16-byte multiples).
 // Invalid sizes (negative, or summing past M) set status and write nothing.
@@ -29,11 +31,14 @@ struct __align__(64) dl_tmap {
 #define HB_B_BYTES (HB_BN * HB_BK * 2)
 #define HB_STAGE_BYTES (HB_A_BYTES + HB_B_BYTES)
 #define HB_MAXG 1024
+#define HB_TQ 4
+#define HB_CLAIMED 3
 
 // Tail: zero rows [sum(sizes), M) of y. Does nothing for invalid sizes. Warp 0 sums the
 // sizes, 32 at a time.
-extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32) {
+extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32, int *next) {
     __shared__ int tot;
+    if (next && blockIdx.x == 0 && threadIdx.x == 0) *next = 0;
     if (threadIdx.x < 32) {
         long long s = 0;
         int neg = 0;
@@ -127,16 +132,19 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
 
 // Tile schedule of the forward kernels. A group of fewer than light rows (one row tile by
 // default) is light: its tiles stream the group's whole weight tile for little math, bound
-// by memory; the other groups' tiles are heavy, bound by the tensor cores. Each CTA walks
-// positions p = blockIdx.x, + gridDim.x, ... of a merged order that spreads the L light
-// tiles evenly among the T tiles (p is light when floor((p+1)·L/T) > floor(p·L/T)), so that
-// the light tiles' memory traffic overlaps the heavy tiles' math instead of running in
-// bursts. Within each class tiles follow the groups' order, each group's row tiles
-// innermost, so that CTAs running together share a weight tile. The CTA keeps
-// q = floor(p·L/T) and r = p·L mod T, advanced by constants that warp 0 computes once
-// (sched: L, T, the steps of q and r for gridDim.x positions, q and r of blockIdx.x).
+// by memory; the other groups' tiles are heavy, bound by the tensor cores. The T tiles are
+// walked in a merged order that spreads the L light tiles evenly among the others
+// (position p is light when floor((p+1)·L/T) > floor(p·L/T)), so that the light tiles'
+// memory traffic overlaps the heavy tiles' math instead of running in bursts. Within each
+// class tiles follow the groups' order, each group's row tiles innermost, so that CTAs
+// running together share a weight tile. Positions are dealt round-robin (CTA b takes
+// b, b + gridDim.x, ...) up to the last HB_CLAIMED rounds; the CTAs then claim the rest one
+// at a time from a counter in global memory, so that tiles of unequal cost (short tiles,
+// uneven memory traffic) even out at the end. Dealing the early rounds keeps the CTAs that
+// share a weight tile in step, which claiming all of them loses (more L2 traffic).
+// sched holds L and T, computed once by warp 0.
 struct hb_sched {
-    unsigned L, T, dq, dr, q0, r0;
+    unsigned L, T;
 };
 
 // hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
@@ -190,10 +198,7 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
             rstart[G] = (int)r;
             if (tstart) {
                 tstart[G] = t, lstart[G] = l;
-                const u64 T = (u64)t + l, a = (u64)blockIdx.x * l, b = (u64)gridDim.x * l;
-                sc->L = l, sc->T = (unsigned)T;
-                sc->q0 = T ? (unsigned)(a / T) : 0, sc->r0 = T ? (unsigned)(a % T) : 0;
-                sc->dq = T ? (unsigned)(b / T) : 0, sc->dr = T ? (unsigned)(b % T) : 0;
+                sc->L = l, sc->T = t + l;
             }
         }
         if (err && blockIdx.x == 0 && status) {
@@ -223,24 +228,22 @@ __device__ __forceinline__ int hb_group(const int *ts, int G, int i) {
     return lo;
 }
 
-// hb_pick returns the group of schedule position p, with q and r as in hb_sched, sets
-// *local to the tile's index within the group and advances q and r to the CTA's next
-// position.
-__device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, const int *lstart, int G, int p, unsigned &q,
-                                       unsigned &r, int *local) {
+// hb_pick returns the group of schedule position p (in [0, T)) and sets *local to the
+// tile's index within the group.
+__device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, const int *lstart, int G, int p, int *local) {
+    const u64 a = (u64)p * sc->L;
+    const unsigned q = (unsigned)(a / sc->T), r = (unsigned)(a - (u64)q * sc->T);
     const bool lt = r + sc->L >= sc->T;
     const int *ts = lt ? lstart : tstart;
     const int i = lt ? (int)q : p - (int)q;
     const int g = hb_group(ts, G, i);
     *local = i - ts[g];
-    q += sc->dq, r += sc->dr;
-    if (r >= sc->T) r -= sc->T, q++;
     return g;
 }
 
 template <int BMN, int F32OUT>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
-                                           int Kc, int *status, int light) {
+                                           int Kc, int *status, int light, int *next) {
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
@@ -250,11 +253,18 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     int *lstart = rstart + (HB_MAXG + 1);
     __shared__ hb_sched sc;
     __shared__ int bad;
+    // Schedule positions handed from the producer to the consumers: a ring of HB_TQ slots
+    // with a full and an empty barrier each (-1 ends the walk).
+    __shared__ int tq[HB_TQ];
+    __shared__ __align__(8) u64 tbar[2 * HB_TQ];
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
     if (tid < 32) {
         const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, full, empty, HB_STAGES);
-        if (tid == 0) bad = e;
+        if (tid == 0) {
+            bad = e;
+            for (int i = 0; i < HB_TQ; i++) hb_mbar_init(&tbar[i], 1), hb_mbar_init(&tbar[HB_TQ + i], 256);
+        }
     }
     __syncthreads();
     if (bad) return;
@@ -268,10 +278,17 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
-            unsigned sq = sc.q0, sr = sc.r0;
-            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            const int fixed = max(0, total / (int)gridDim.x - HB_CLAIMED) * (int)gridDim.x;
+            for (int j = 0;; j++) {
+                const int slot = j % HB_TQ;
+                hb_mbar_wait(&tbar[HB_TQ + slot], ((j / HB_TQ) & 1) ^ 1);
+                int tile = blockIdx.x + j * gridDim.x;
+                if (tile >= fixed) tile = fixed + atomicAdd(next, 1);
+                tq[slot] = tile < total ? tile : -1;
+                hb_mbar_arrive(&tbar[slot]);
+                if (tile >= total) break;
                 int local;
-                int g = hb_pick(&sc, tstart, lstart, G, tile, sq, sr, &local);
+                int g = hb_pick(&sc, tstart, lstart, G, tile, &local);
                 int mtiles = (rstart[g + 1] - rstart[g] + HB_BM - 1) / HB_BM;
                 int mt = local % mtiles, nt = local / mtiles;
                 int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
@@ -285,7 +302,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                     hb_tma2d(sa, tmA, kb * HB_BK, row0, &full[st]);
                     if (BMN) {
 #pragma unroll
-                        for (int j = 0; j < 4; j++) hb_tma3d(sb + j * 8192, tmB, n0 + 64 * j, kb * HB_BK, g, &full[st]);
+                        for (int b = 0; b < 4; b++) hb_tma3d(sb + b * 8192, tmB, n0 + 64 * b, kb * HB_BK, g, &full[st]);
                     } else {
                         hb_tma3d(sb, tmB, kb * HB_BK, n0, g, &full[st]);
                     }
@@ -298,10 +315,14 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         const int w = (tid % 128) / 32, lane = tid % 32;
         float d[128];
         int it = 0, prev = 0;
-        unsigned sq = sc.q0, sr = sc.r0;
-        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        for (int j = 0;; j++) {
+            const int slot = j % HB_TQ;
+            hb_mbar_wait(&tbar[slot], (j / HB_TQ) & 1);
+            const int tile = tq[slot];
+            hb_mbar_arrive(&tbar[HB_TQ + slot]);
+            if (tile < 0) break;
             int local;
-            int g = hb_pick(&sc, tstart, lstart, G, tile, sq, sr, &local);
+            int g = hb_pick(&sc, tstart, lstart, G, tile, &local);
             int sz = rstart[g + 1] - rstart[g];
             int mtiles = (sz + HB_BM - 1) / HB_BM;
             int mt = local % mtiles, nt = local / mtiles;
@@ -551,7 +572,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, light);
+#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, light, next);
 #else
 #define HB_BODY(BMN, F32)
 #endif
@@ -559,7 +580,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #define HB_KERNEL(NAME, BMN, F32)                                                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
-             int M, int N, int Kc, int *status, int light) {                                                                        \
+             int M, int N, int Kc, int *status, int light, int *next) {                                                                        \
         HB_BODY(BMN, F32)                                                                                                \
     }
 
