@@ -121,47 +121,64 @@ func TestGroupedGEMM(t *testing.T) {
 	}
 }
 
-// TestGroupedGEMMStreams runs the forward kernel on two streams at once, several times:
-// each call has its own tile counter, so every result is the bytes of a call alone.
-func TestGroupedGEMMStreams(t *testing.T) {
+// TestStreams runs each kernel on two streams at once, several times: every result must
+// be the bytes of a call alone (the forward's tile counter belongs to its call).
+func TestStreams(t *testing.T) {
 	d := hopperGPU(t)
 	s := d.Stream()
 	const M, K, N = 8000, 128, 2048
-	sizes := manySizes(56, 300) // 648 tiles: dealt rounds, then claimed ones
+	sizes := manySizes(56, 300) // forward: 648 tiles, dealt rounds then claimed ones
 	G := len(sizes)
 	a := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(11), M*K, 1), M, K))
 	b := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(12), G*K*N, 1), G, K, N))
+	dy := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(13), M*N, 1), M, N))
 	sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
-	ref := dt.Must(s.Alloc(device.BF16, M, N))
-	dt.Poison(t, s, ref)
-	dt.NoErr(t, GroupedGEMM(s, ref, a, b, sz, nil, true))
-	want := make([]uint16, M*N)
-	dt.NoErr(t, device.Download(s, ref, want))
+	defer func() {
+		for _, x := range []*device.Tensor{a, b, dy, sz} {
+			x.Free()
+		}
+	}()
 	s2 := dt.Must(d.NewStream())
 	defer s2.Close()
-	ys := []*device.Tensor{dt.Must(s.Alloc(device.BF16, M, N)), dt.Must(s.Alloc(device.BF16, M, N))}
-	dt.NoErr(t, s.Synchronize())
-	for rep := range 4 {
-		for i, st := range []*device.Stream{s, s2} {
-			dt.Poison(t, st, ys[i])
-		}
-		for range 3 {
-			for i, st := range []*device.Stream{s, s2} {
-				dt.NoErr(t, GroupedGEMM(st, ys[i], a, b, sz, nil, true))
-			}
-		}
-		for i, st := range []*device.Stream{s, s2} {
-			got := make([]uint16, M*N)
-			dt.NoErr(t, device.Download(st, ys[i], got))
-			for j := range got {
-				if got[j] != want[j] {
-					t.Fatalf("round %d, stream %d: y[%d,%d] = %#04x, want %#04x (a call alone)", rep, i, j/N, j%N, got[j], want[j])
+	for _, tc := range []struct {
+		name  string
+		shape []int
+		call  func(s *device.Stream, out *device.Tensor) error
+	}{
+		{"forward", []int{M, N}, func(s *device.Stream, y *device.Tensor) error { return GroupedGEMM(s, y, a, b, sz, nil, true) }},
+		{"weight_grad", []int{G, K, N}, func(s *device.Stream, dw *device.Tensor) error { return WeightGrad(s, dw, a, dy, sz, nil, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ref := dt.Must(s.Alloc(device.BF16, tc.shape...))
+			dt.Poison(t, s, ref)
+			dt.NoErr(t, tc.call(s, ref))
+			want := make([]uint16, ref.Len())
+			dt.NoErr(t, device.Download(s, ref, want))
+			ys := []*device.Tensor{dt.Must(s.Alloc(device.BF16, tc.shape...)), dt.Must(s.Alloc(device.BF16, tc.shape...))}
+			dt.NoErr(t, s.Synchronize())
+			for rep := range 4 {
+				for i, st := range []*device.Stream{s, s2} {
+					dt.Poison(t, st, ys[i])
+				}
+				for range 3 {
+					for i, st := range []*device.Stream{s, s2} {
+						dt.NoErr(t, tc.call(st, ys[i]))
+					}
+				}
+				for i, st := range []*device.Stream{s, s2} {
+					got := make([]uint16, len(want))
+					dt.NoErr(t, device.Download(st, ys[i], got))
+					for j := range got {
+						if got[j] != want[j] {
+							t.Fatalf("round %d, stream %d: element %d = %#04x, want %#04x (a call alone)", rep, i, j, got[j], want[j])
+						}
+					}
 				}
 			}
-		}
-	}
-	for _, x := range append(ys, a, b, sz, ref) {
-		x.Free()
+			for _, x := range append(ys, ref) {
+				x.Free()
+			}
+		})
 	}
 }
 
@@ -403,6 +420,55 @@ func TestWeightGrad(t *testing.T) {
 				v.Free()
 			}
 		})
+	}
+}
+
+// TestWeightGradManyTiles: a weight gradient of 1,056 tiles (eight rounds of the grid),
+// groups of 300 rows (a partial last k-block each) and rows past the groups. No poisoned
+// element may remain, and sampled elements match a float64 reference.
+func TestWeightGradManyTiles(t *testing.T) {
+	d := hopperGPU(t)
+	s := d.Stream()
+	const G, rows, K, N = 66, 300, 1024, 512
+	const M = G*rows + 100
+	r := dt.Rand(21)
+	xv := dt.Normal(r, M*K, 1)
+	yv := dt.Normal(r, M*N, 1)
+	for _, v := range [][]float32{xv, yv} {
+		for i := range v {
+			v[i] = device.BF16ToFloat32(device.BF16FromFloat32(v[i]))
+		}
+	}
+	sizes := make([]int32, G)
+	for g := range sizes {
+		sizes[g] = rows
+	}
+	x := dt.Must(device.FromFloat32(s, device.BF16, xv, M, K))
+	dy := dt.Must(device.FromFloat32(s, device.BF16, yv, M, N))
+	sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
+	dw := dt.Must(s.Alloc(device.BF16, G, K, N))
+	defer func() {
+		for _, v := range []*device.Tensor{x, dy, sz, dw} {
+			v.Free()
+		}
+	}()
+	dt.Poison(t, s, dw)
+	dt.NoErr(t, WeightGrad(s, dw, x, dy, sz, nil, false))
+	got := dt.Must(dw.Float32s(s))
+	for i, v := range got {
+		if math.IsNaN(float64(v)) {
+			t.Fatalf("dw[%d,%d,%d] was not written", i/(K*N), i/N%K, i%N)
+		}
+	}
+	for range 4096 {
+		g, k, j := r.IntN(G), r.IntN(K), r.IntN(N)
+		var want float64
+		for m := g * rows; m < (g+1)*rows; m++ {
+			want += float64(xv[m*K+k]) * float64(yv[m*N+j])
+		}
+		if v := float64(got[(g*K+k)*N+j]); math.Abs(v-want) > 0.05*math.Sqrt(rows)+0.01*math.Abs(want) {
+			t.Fatalf("dw[%d,%d,%d] = %v, want %v", g, k, j, v, want)
+		}
 	}
 }
 
