@@ -197,7 +197,9 @@ func (c *call) gpu(s *device.Stream) error {
 	if err != nil {
 		return err
 	}
-	ws, err := s.Alloc(device.I32, planOff+2+2*(G+1))
+	// The plan's words, then one element of scratch for the Hopper kernels.
+	wsPlan := planOff + 2 + 2*(G+1)
+	ws, err := s.Alloc(device.I32, wsPlan+1)
 	if err != nil {
 		return fmt.Errorf("gemm: %v: workspace: %w", c.f, err)
 	}
@@ -223,7 +225,11 @@ func (c *call) gpu(s *device.Stream) error {
 		return nil // nothing to write; the plan still checked the sizes
 	}
 	if c.hopperOK(d) {
-		if err := c.hopper(s); err != nil {
+		counter, err := ws.View(wsPlan, 1)
+		if err != nil {
+			return err
+		}
+		if err := c.hopper(s, counter); err != nil {
 			return fmt.Errorf("gemm: %v: %w", c.f, err)
 		}
 		return nil

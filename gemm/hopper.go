@@ -27,8 +27,9 @@ func (c *call) hopperOK(d *device.Device) bool {
 }
 
 // hopper enqueues the call on the Hopper kernels. The plan kernel has already checked
-// the sizes into the call's Status; on invalid sizes these kernels write nothing.
-func (c *call) hopper(s *device.Stream) error {
+// the sizes into the call's Status; on invalid sizes these kernels write nothing. counter
+// is the call's scratch element for the forward kernels' tile schedule.
+func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 	x2 := func(t *device.Tensor, r, k int) (*device.Tensor, error) { return t.Reshape(r, k) }
 	switch c.f {
 	case forward: // y[M,N] = x[M,K]·w_g: B is w, MN-major when stored [G,K,N]
@@ -40,7 +41,7 @@ func (c *call) hopper(s *device.Stream) error {
 		if err != nil {
 			return err
 		}
-		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, nil, c.layout == KN)
+		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, nil, counter, c.layout == KN)
 	case inputGrad: // dx[M,K] = dy[M,N]·w_gᵀ: K-major B when w is [G,K,N]
 		dy, err := x2(c.a, c.M, c.N)
 		if err != nil {
@@ -50,7 +51,7 @@ func (c *call) hopper(s *device.Stream) error {
 		if err != nil {
 			return err
 		}
-		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, nil, c.layout == NK)
+		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, nil, counter, c.layout == NK)
 	default: // dw_g = x_gᵀ·dy_g ([G,K,N]) or dy_gᵀ·x_g ([G,N,K])
 		x, err := x2(c.a, c.M, c.K)
 		if err != nil {

@@ -80,10 +80,11 @@ func supported(d *device.Device) error {
 // row-major, contraction contiguous); when true, b is [G,Kc,N]. Rows past sum(sizes)
 // are zeroed. Kc and N must be multiples of 8 (16-byte rows for the tensor maps) and
 // G at most 1024. Invalid sizes set status (I32[4]: code, group, value) and write
-// nothing (status may be nil: then invalid sizes only write nothing). Two launches on s
-// and a 4-byte stream-ordered allocation for the tile counter; nothing is copied to the
-// host.
-func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bool) error {
+// nothing (status may be nil: then invalid sizes only write nothing). counter (I32, at
+// least one element) is scratch for the tile schedule, overwritten; nil allocates one in
+// stream order for the call. Calls that may run at once need distinct counters. Two
+// launches on s; nothing is copied to the host.
+func GroupedGEMM(s *device.Stream, y, a, b, sizes, status, counter *device.Tensor, bMN bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
 		return err
@@ -92,6 +93,9 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 	G, N := sizes.Len(), y.Dim(1)
 	if Kc%8 != 0 || N%8 != 0 || G > maxG || G < 1 {
 		return fmt.Errorf("hopper: GroupedGEMM needs Kc, N multiples of 8 and 1 ≤ G ≤ %d (Kc=%d N=%d G=%d)", maxG, Kc, N, G)
+	}
+	if counter != nil && (counter.DType() != device.I32 || counter.Len() < 1 || counter.Device() != d) {
+		return fmt.Errorf("hopper: GroupedGEMM: counter is %v, want I32 with at least one element on %v", counter, d)
 	}
 	tmA, err := tensorMap(d, cuda.DevicePtr(a.Ptr()),
 		[]uint64{uint64(Kc), uint64(M)}, []uint64{uint64(Kc) * 2}, []uint32{bk, bm}, cuda.TensorMapSwizzle128B)
@@ -131,17 +135,18 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status *device.Tensor, bMN bo
 		return err
 	}
 	// The tile counter of the schedule's last rounds, zeroed by the tail kernel that runs
-	// first: one per call, so that calls on several streams never share one.
-	next, err := s.Alloc(device.I32, 1)
-	if err != nil {
-		return err
+	// first.
+	if counter == nil {
+		if counter, err = s.Alloc(device.I32, 1); err != nil {
+			return err
+		}
+		defer counter.Free()
 	}
-	defer next.Free()
-	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, next); err != nil {
+	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, counter); err != nil {
 		return err
 	}
 	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), statusArg(status), int32(lightRows), next)
+		int32(G), int32(M), int32(N), int32(Kc), statusArg(status), int32(lightRows), counter)
 }
 
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and

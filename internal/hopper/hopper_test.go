@@ -91,8 +91,11 @@ func TestGroupedGEMM(t *testing.T) {
 			st := dt.Must(s.Alloc(device.I32, 4))
 			dt.NoErr(t, device.Fill(s, st, 0))
 			y := dt.Must(s.Alloc(tc.out, tc.M, tc.N))
-			dt.Poison(t, s, y)
-			dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, st, tc.bMN))
+			// A caller's counter, poisoned: the call must reset it before the GEMM reads it.
+			ctr := dt.Must(s.Alloc(device.I32, 1))
+			defer ctr.Free()
+			dt.Poison(t, s, y, ctr)
+			dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, st, ctr, tc.bMN))
 			got := dt.Must(y.Float32s(s))
 			want := reference(av, bv, tc.sizes, tc.M, tc.K, tc.N, tc.bMN)
 			var num, den float64
@@ -145,7 +148,7 @@ func TestStreams(t *testing.T) {
 		shape []int
 		call  func(s *device.Stream, out *device.Tensor) error
 	}{
-		{"forward", []int{M, N}, func(s *device.Stream, y *device.Tensor) error { return GroupedGEMM(s, y, a, b, sz, nil, true) }},
+		{"forward", []int{M, N}, func(s *device.Stream, y *device.Tensor) error { return GroupedGEMM(s, y, a, b, sz, nil, nil, true) }},
 		{"weight_grad", []int{G, K, N}, func(s *device.Stream, dw *device.Tensor) error { return WeightGrad(s, dw, a, dy, sz, nil, false) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -237,7 +240,7 @@ func TestInvalidSizes(t *testing.T) {
 					dt.NoErr(t, device.Fill(s, b, 1))
 					out = dt.Must(s.Alloc(device.F32, M, N))
 					dt.NoErr(t, device.Fill(s, out, 7))
-					dt.NoErr(t, GroupedGEMM(s, out, a, b, sz, st, true))
+					dt.NoErr(t, GroupedGEMM(s, out, a, b, sz, st, nil, true))
 					b.Free()
 				}
 				stat := make([]int32, 4)
@@ -330,7 +333,7 @@ func BenchmarkGrouped(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				benchGEMM(b, c.G, c.M, c.K, c.N, []int{c.M, c.K}, []int{c.G, c.K, c.N}, []int{c.M, c.N},
 					func(s *device.Stream, y, x, w, sz, st *device.Tensor) error {
-						return GroupedGEMM(s, y, x, w, sz, st, mn)
+						return GroupedGEMM(s, y, x, w, sz, st, nil, mn)
 					})
 			})
 		}
