@@ -47,32 +47,14 @@ func routeRef(cfg RouterConfig, T int, logits, bias []float64) refRoute {
 				sc[e] = math.Exp(z[e]-m) / sum
 			}
 		}
-		choice := make([]float64, E)
-		for e := range E {
-			switch {
-			case bias != nil:
-				choice[e] = sc[e] + bias[e]
-			case cfg.Score == Softmax:
-				choice[e] = z[e]
-			default:
-				choice[e] = sc[e]
-			}
-		}
+		choice := choiceRef(cfg, z, sc, bias)
 		eligible := make([]bool, E)
 		for e := range eligible {
 			eligible[e] = true
 		}
 		if cfg.Groups > 1 {
 			gsz := E / cfg.Groups
-			gs := make([]float64, cfg.Groups)
-			for g := range gs {
-				v := append([]float64(nil), choice[g*gsz:(g+1)*gsz]...)
-				sort.Sort(sort.Reverse(sort.Float64Slice(v)))
-				gs[g] = v[0]
-				if gsz > 1 {
-					gs[g] += v[1]
-				}
-			}
+			gs := groupScoresRef(choice, cfg.Groups)
 			keep := topIdx(gs, cfg.TopKGroups)
 			for e := range eligible {
 				eligible[e] = false
@@ -127,6 +109,40 @@ func routeRef(cfg RouterConfig, T int, logits, bias []float64) refRoute {
 
 // topIdx returns the indices of the k largest non-NaN values, largest first, ties to
 // the lower index.
+// choiceRef returns the values that select a token's experts from its logits z and
+// scores sc: scores plus the bias when there is one, else the logits for softmax scores
+// (the same order), else the scores.
+func choiceRef(cfg RouterConfig, z, sc, bias []float64) []float64 {
+	choice := make([]float64, len(z))
+	for e := range choice {
+		switch {
+		case bias != nil:
+			choice[e] = sc[e] + bias[e]
+		case cfg.Score == Softmax:
+			choice[e] = z[e]
+		default:
+			choice[e] = sc[e]
+		}
+	}
+	return choice
+}
+
+// groupScoresRef returns each of the groups' score: the sum of its two largest choice
+// values (the one value of a group of one expert).
+func groupScoresRef(choice []float64, groups int) []float64 {
+	gsz := len(choice) / groups
+	gs := make([]float64, groups)
+	for g := range gs {
+		v := append([]float64(nil), choice[g*gsz:(g+1)*gsz]...)
+		sort.Sort(sort.Reverse(sort.Float64Slice(v)))
+		gs[g] = v[0]
+		if gsz > 1 {
+			gs[g] += v[1]
+		}
+	}
+	return gs
+}
+
 func topIdx(v []float64, k int) []int {
 	ix := make([]int, 0, len(v))
 	for i, x := range v {
@@ -146,29 +162,11 @@ func choiceGap(cfg RouterConfig, T int, logits, bias []float64) float64 {
 	gap := math.Inf(1)
 	for t := range T {
 		z, sc := logits[t*E:(t+1)*E], r.scores[t*E:(t+1)*E]
-		choice := make([]float64, E)
-		for e := range E {
-			switch {
-			case bias != nil:
-				choice[e] = sc[e] + bias[e]
-			case cfg.Score == Softmax:
-				choice[e] = z[e]
-			default:
-				choice[e] = sc[e]
-			}
-		}
+		choice := choiceRef(cfg, z, sc, bias)
 		eligible := make([]float64, 0, E)
 		if cfg.Groups > 1 {
 			gsz := E / cfg.Groups
-			gs := make([]float64, cfg.Groups)
-			for g := range gs {
-				v := append([]float64(nil), choice[g*gsz:(g+1)*gsz]...)
-				sort.Sort(sort.Reverse(sort.Float64Slice(v)))
-				gs[g] = v[0]
-				if gsz > 1 {
-					gs[g] += v[1]
-				}
-			}
+			gs := groupScoresRef(choice, cfg.Groups)
 			sorted := append([]float64(nil), gs...)
 			sort.Sort(sort.Reverse(sort.Float64Slice(sorted)))
 			if cfg.TopKGroups < cfg.Groups {
