@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/dropless/dropless/internal/cuda"
@@ -21,9 +22,16 @@ import (
 //go:embed kernels/*.cuh
 var headerFS embed.FS
 
-// Headers returns the CUDA headers every Program can #include by name ("dtype.cuh",
-// ...): bit-exact device conversions of the dtypes and common helpers.
-func Headers() []cuda.Header {
+// A Header is a CUDA header that a Program's source can #include by name.
+type Header struct {
+	Name   string // the name in #include "..."
+	Source string
+}
+
+// libraryHeaders are the headers every Program can include: dl.cuh (integer names,
+// warp and block sums, status records; it includes dtype.cuh) and dtype.cuh (bit-exact
+// conversions of the dtypes).
+var libraryHeaders = sync.OnceValue(func() []cuda.Header {
 	var hs []cuda.Header
 	fs.WalkDir(headerFS, "kernels", func(path string, e fs.DirEntry, err error) error {
 		if err == nil && !e.IsDir() {
@@ -34,21 +42,43 @@ func Headers() []cuda.Header {
 	})
 	sort.Slice(hs, func(i, j int) bool { return hs[i].Name < hs[j].Name })
 	return hs
-}
+})
 
 // Program is CUDA C source that the library compiles at run time with NVRTC for the GPU
 // it runs on, caching the result in memory and on disk ($DROPLESS_CACHE_DIR, default the
 // user cache dir's dropless/kernels), keyed by source, headers, options, target and NVRTC
-// version. Sources include the library's headers (see Headers) and need no CUDA headers.
+// version. Sources include "dl.cuh", the library's kernel header, and the Program's own
+// Headers; they need no CUDA headers. A Program must not change once it was compiled.
 type Program struct {
 	Name    string   // file name shown in compile errors, e.g. "gemm.cu"
 	Source  string   // CUDA C++ source with extern "C" kernels
+	Headers []Header // the Program's own headers, beside the library's
 	Options []string // extra NVRTC options
 }
 
 // NewProgram returns a Program; declare one per source file as a package variable.
 func NewProgram(name, source string, options ...string) *Program {
 	return &Program{Name: name, Source: source, Options: options}
+}
+
+// WithHeaders returns a copy of p that can also include hs.
+func (p *Program) WithHeaders(hs ...Header) *Program {
+	q := *p
+	q.Headers = append(append([]Header(nil), p.Headers...), hs...)
+	return &q
+}
+
+// headers returns the library's headers followed by the Program's own.
+func (p *Program) headers() []cuda.Header {
+	hs := libraryHeaders()
+	if len(p.Headers) == 0 {
+		return hs
+	}
+	out := append([]cuda.Header(nil), hs...)
+	for _, h := range p.Headers {
+		out = append(out, cuda.Header{Name: h.Name, Source: h.Source})
+	}
+	return out
 }
 
 // Target returns the NVRTC architecture option for a GPU of compute capability cc
@@ -101,7 +131,7 @@ func (p *Program) Compile(target string) (image []byte, ptx bool, log string, er
 		return nil, false, "", err
 	}
 	opts := append([]string{"--gpu-architecture=" + target, "--std=c++17"}, p.Options...)
-	headers := Headers()
+	headers := p.headers()
 	key, cacheDir := p.cacheKey(opts, headers)
 	ext := ".cubin"
 	if strings.HasPrefix(target, "compute_") {
@@ -237,6 +267,9 @@ type Kernel struct {
 	dev  *Device
 	f    cuda.Function
 	name string
+
+	smemMu  sync.Mutex
+	smemMax atomic.Int64 // the dynamic shared memory launches may use, raised on demand
 }
 
 // Dim3 is a grid or block size.
@@ -250,14 +283,46 @@ func (d Dim3) norm() [3]uint32 {
 	return [3]uint32{uint32(d.X), uint32(y), uint32(z)}
 }
 
+// defaultSmem is the dynamic shared memory every kernel may use without asking.
+const defaultSmem = 48 << 10
+
 // SetMaxDynamicSharedMemory allows launches with up to n bytes of dynamic shared memory.
+// Launch and MaxActiveBlocksPerSM raise the limit themselves when they need more, once
+// per kernel and size, so callers need not.
 func (k *Kernel) SetMaxDynamicSharedMemory(n int) error {
-	return k.dev.Do(func() error { return cuda.FuncSetAttribute(k.f, cuda.FuncAttrMaxDynamicSmem, n) })
+	k.smemMu.Lock()
+	defer k.smemMu.Unlock()
+	return k.setSmem(n)
+}
+
+// setSmem sets the limit; k.smemMu is held.
+func (k *Kernel) setSmem(n int) error {
+	if err := k.dev.Do(func() error { return cuda.FuncSetAttribute(k.f, cuda.FuncAttrMaxDynamicSmem, n) }); err != nil {
+		return fmt.Errorf("device: kernel %s: %d bytes of dynamic shared memory: %w", k.name, n, err)
+	}
+	k.smemMax.Store(int64(n))
+	return nil
+}
+
+// allowSmem raises the kernel's dynamic shared-memory limit to at least n bytes.
+func (k *Kernel) allowSmem(n int) error {
+	if n <= defaultSmem || int64(n) <= k.smemMax.Load() {
+		return nil
+	}
+	k.smemMu.Lock()
+	defer k.smemMu.Unlock()
+	if int64(n) <= k.smemMax.Load() {
+		return nil
+	}
+	return k.setSmem(n)
 }
 
 // MaxActiveBlocksPerSM returns how many blocks of the given size and dynamic shared
 // memory fit on one multiprocessor.
 func (k *Kernel) MaxActiveBlocksPerSM(block, smem int) (int, error) {
+	if err := k.allowSmem(smem); err != nil {
+		return 0, err
+	}
 	var n int
 	err := k.dev.Do(func() error {
 		var err error
@@ -267,11 +332,24 @@ func (k *Kernel) MaxActiveBlocksPerSM(block, smem int) (int, error) {
 	return n, err
 }
 
-// Launch enqueues the kernel on s with the given grid, block and dynamic shared memory.
-// Arguments are passed in order: *Tensor as its device address; int32, uint32, int64,
-// uint64, uintptr, float32 and float64 by value (Go's int is refused: say the width);
-// a []byte as a by-value struct (a CUtensorMap, say). It returns without waiting.
+// Launch enqueues the kernel on s with the given grid, block and dynamic shared memory,
+// raising the kernel's shared-memory limit first where smem needs it. Arguments are
+// passed in order:
+//   - *Tensor as its device address, a nil *Tensor as a null pointer;
+//   - *Status as its record's address, a nil *Status as a null pointer;
+//   - bool as a 32-bit int (0 or 1: declare it int in the kernel);
+//   - int32, uint32, int64, uint64, uintptr, float32 and float64 by value (Go's int is
+//     refused: say the width);
+//   - a struct by value, laid out as C lays out a struct of the same fields in order
+//     (fields: the scalar types above, bool as int, *Tensor as a pointer, and arrays of
+//     them; unexported fields are not allowed);
+//   - a []byte as a by-value struct of those bytes (a CUtensorMap, say).
+//
+// It returns without waiting.
 func (k *Kernel) Launch(s *Stream, grid, block Dim3, smem int, args ...any) error {
+	if s == nil {
+		return fmt.Errorf("device: launch %s: nil stream", k.name)
+	}
 	if s.dev != k.dev {
 		return fmt.Errorf("device: launch %s of %v on a stream of %v", k.name, k.dev, s.dev)
 	}
@@ -287,6 +365,9 @@ func (k *Kernel) Launch(s *Stream, grid, block Dim3, smem int, args ...any) erro
 	if len(args) > maxArgs {
 		return fmt.Errorf("device: launch %s: %d arguments, at most %d", k.name, len(args), maxArgs)
 	}
+	if err := k.allowSmem(smem); err != nil {
+		return err
+	}
 	// The parameter block lives in pooled heap memory: the driver reads it through raw
 	// addresses, which must not point into a goroutine stack that may move.
 	la := argPool.Get().(*launchArgs)
@@ -295,11 +376,29 @@ func (k *Kernel) Launch(s *Stream, grid, block Dim3, smem int, args ...any) erro
 	for i, a := range args {
 		switch v := a.(type) {
 		case *Tensor:
+			if v == nil {
+				la.vals[i] = 0
+				break
+			}
 			if err := v.usable(s, "argument"); err != nil {
 				// Name the argument only on failure: formatting costs an allocation per launch.
 				return fmt.Errorf("%w (argument %d of %s)", err, i, k.name)
 			}
 			la.vals[i] = uint64(v.dptr())
+		case *Status:
+			if v == nil {
+				la.vals[i] = 0
+				break
+			}
+			if err := v.Usable(s, "status"); err != nil {
+				return fmt.Errorf("%w (argument %d of %s)", err, i, k.name)
+			}
+			la.vals[i] = uint64(v.t.dptr())
+		case bool:
+			la.vals[i] = 0
+			if v {
+				la.vals[i] = 1
+			}
 		case int32:
 			la.vals[i] = uint64(uint32(v))
 		case uint32:
@@ -323,7 +422,13 @@ func (k *Kernel) Launch(s *Stream, grid, block Dim3, smem int, args ...any) erro
 			blob += (len(v) + 63) &^ 63
 			continue
 		default:
-			return fmt.Errorf("device: launch %s: argument %d has unsupported type %T", k.name, i, a)
+			n, err := packStruct(s, la.blob[min(blob, len(la.blob)):], a)
+			if err != nil {
+				return fmt.Errorf("device: launch %s: argument %d: %w", k.name, i, err)
+			}
+			la.ptrs[i] = unsafe.Pointer(&la.blob[blob])
+			blob += (n + 63) &^ 63
+			continue
 		}
 		la.ptrs[i] = unsafe.Pointer(&la.vals[i])
 	}

@@ -1,12 +1,6 @@
 // Elementwise kernels of package device: fill, copy and cast between the dtypes.
 // Conversions come from dtype.cuh and are bit-identical to the Go code in dtype.go.
-#include "dtype.cuh"
-
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
+#include "dl.cuh"
 
 // Fills nbytes at p with a pattern that repeats every 16 bytes, phased so that
 // pattern byte i lands on addresses congruent to i mod 16.
