@@ -3,58 +3,11 @@ package gemm_test
 import (
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/gemm"
 	"github.com/dropless/dropless/internal/baseline"
 )
-
-// benchCase is a row of the baseline table of the GPU README.
-type benchCase struct {
-	name       string
-	G, M, K, N int
-	dist       string // uniform or skewed
-}
-
-var benchCases = []benchCase{
-	{"dsv3_wi_ep8_uniform", 32, 65536, 7168, 4096, "uniform"},
-	{"dsv3_wi_ep8_skewed", 32, 65536, 7168, 4096, "skewed"},
-	{"dsv3_wo_ep8_uniform", 32, 65536, 2048, 7168, "uniform"},
-	{"mixtral_wi_uniform", 8, 32768, 4096, 28672, "uniform"},
-	{"qwen3_30b_wi_uniform", 128, 32768, 2048, 1536, "uniform"},
-	{"qwen3_30b_wi_skewed", 128, 32768, 2048, 1536, "skewed"},
-	{"qwen3_30b_small_uniform", 128, 2048, 2048, 1536, "uniform"},
-}
-
-// cpuBenchCase is the one case benchmarked on the CPU.
-var cpuBenchCase = benchCase{"tiny_uniform", 8, 512, 256, 256, "uniform"}
-
-func TestAnchorSizes(t *testing.T) {
-	if d := cmp.Diff([]int32{2, 2, 2, 4}, baseline.GroupSizes(4, 10, "uniform")); d != "" {
-		t.Errorf("uniform sizes (-want +got):\n%s", d)
-	}
-	for _, bc := range benchCases {
-		s := baseline.GroupSizes(bc.G, bc.M, bc.dist)
-		sum, empty := 0, 0
-		for _, v := range s {
-			if v < 0 {
-				t.Fatalf("%s: negative size", bc.name)
-			}
-			sum += int(v)
-			if v == 0 {
-				empty++
-			}
-		}
-		if sum != bc.M {
-			t.Errorf("%s: sizes sum to %d, want %d", bc.name, sum, bc.M)
-		}
-		if bc.dist == "skewed" && empty < bc.G/8 {
-			t.Errorf("%s: %d empty groups, want at least %d", bc.name, empty, bc.G/8)
-		}
-	}
-}
 
 // randomFill fills t with N(0, scale²) values: a random block uploaded once and copied
 // over t, which is enough to keep the tensor cores' inputs realistic.
@@ -81,20 +34,20 @@ func BenchmarkRaggedDotWeightGrad(b *testing.B) { benchmark(b, wgrad) }
 
 func benchmark(b *testing.B, f form) {
 	for _, d := range dt.Devices(b) {
-		cases := benchCases
+		cases := baseline.Cases()
 		if !d.IsCUDA() {
-			cases = []benchCase{cpuBenchCase}
+			cases = []baseline.Case{baseline.CPUCase()}
 		}
 		for _, bc := range cases {
-			b.Run(d.String()+"/"+bc.name, func(b *testing.B) { benchCall(b, d, f, bc) })
+			b.Run(d.String()+"/"+bc.Name, func(b *testing.B) { benchCall(b, d, f, bc) })
 		}
 	}
 }
 
-func benchCall(b *testing.B, d *device.Device, f form, bc benchCase) {
+func benchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	s := d.Stream()
 	G, M, K, N := bc.G, bc.M, bc.K, bc.N
-	sizes := dt.Must(device.FromSlice(s, device.I32, baseline.GroupSizes(G, M, bc.dist), G))
+	sizes := dt.Must(device.FromSlice(s, device.I32, bc.Sizes(), G))
 	x := dt.Must(s.Alloc(device.BF16, M, K))
 	randomFill(b, s, x, 1, 1)
 	var other, out *device.Tensor

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/dropless/dropless/internal/baseline"
 )
@@ -17,30 +20,46 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// TestAnchorSizes checks the group sizes against those of the gemm package's benchmarks.
-func TestAnchorSizes(t *testing.T) {
-	for _, c := range gemmTable {
-		sum, empty := 0, 0
-		for _, v := range baseline.GroupSizes(c.G, c.M, c.dist) {
-			sum += int(v)
-			if v == 0 {
-				empty++
+// TestGemmCases checks the cases that -gemm and -gemm-shape select and the format of
+// their peer figures.
+func TestGemmCases(t *testing.T) {
+	custom := baseline.Case{Name: "custom_uniform", G: 3, M: 50, K: 16, N: 8, Skew: "uniform"}
+	for _, c := range []struct {
+		name    string
+		o       options
+		gpu     bool
+		want    []baseline.Case
+		wantErr string
+	}{
+		{name: "cpu default", want: []baseline.Case{baseline.CPUCase()}},
+		{name: "gpu default", gpu: true, want: baseline.Cases()},
+		{name: "named", o: options{Gemm: "qwen3_30b_small_uniform, tiny_uniform"},
+			want: []baseline.Case{baseline.Cases()[6], baseline.CPUCase()}},
+		{name: "shape", o: options{Gemm: "tiny_uniform", Shape: "3,50,16,8"}, want: []baseline.Case{baseline.CPUCase(), custom}},
+		{name: "unknown", o: options{Gemm: "dsv3"}, wantErr: `-gemm: unknown case "dsv3"`},
+		{name: "bad shape", o: options{Shape: "3,50,0,8"}, wantErr: `-gemm-shape "3,50,0,8"`},
+	} {
+		got, err := gemmCases(c.o, c.gpu)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%s: error %v, want one containing %q", c.name, err, c.wantErr)
 			}
+			continue
 		}
-		if sum != c.M || (c.dist == "skewed" && empty < c.G/8) {
-			t.Errorf("%s: sizes sum to %d with %d empty groups, want %d and ≥ %d", c.name, sum, empty, c.M, c.G/8)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if d := cmp.Diff(c.want, got); d != "" {
+			t.Errorf("%s: cases (-want +got):\n%s", c.name, d)
 		}
 	}
-	for _, m := range []int{64, 2048, 65536} {
-		sum := 0
-		for _, v := range baseline.ZipfSizes(128, m, 1) {
-			if v < 0 {
-				t.Fatalf("ZipfSizes(128, %d): negative size", m)
-			}
-			sum += int(v)
-		}
-		if sum != m {
-			t.Errorf("ZipfSizes(128, %d) sums to %d", m, sum)
+	for _, c := range []struct {
+		v    float64
+		want string
+	}{{653, "653 TFLOP/s"}, {45, "45 TFLOP/s"}, {0, ""}} {
+		if got := peerRate(c.v); got != c.want {
+			t.Errorf("peerRate(%g) = %q, want %q", c.v, got, c.want)
 		}
 	}
 }

@@ -1,5 +1,6 @@
-// Package baseline reproduces the inputs of the peer baselines (PyTorch, JAX) that the
-// benchmarks are compared with, so that both run the very same cases.
+// Package baseline holds the cases of the peer baselines (PyTorch, JAX) that the
+// benchmarks are compared with, with the peers' figures, and reproduces their inputs, so
+// that both run the very same cases.
 package baseline
 
 import (

@@ -34,3 +34,18 @@ func TestGroupSizes(t *testing.T) {
 		}
 	}
 }
+
+func TestZipfSizes(t *testing.T) {
+	for _, m := range []int{64, 2048, 65536} {
+		sum := 0
+		for _, v := range ZipfSizes(128, m, 1) {
+			if v < 0 {
+				t.Fatalf("ZipfSizes(128, %d): negative size", m)
+			}
+			sum += int(v)
+		}
+		if sum != m {
+			t.Errorf("ZipfSizes(128, %d) sums to %d", m, sum)
+		}
+	}
+}
