@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -462,6 +461,3 @@ func (p *Program) CheckCompile(target string) error {
 	_, _, _, err := p.Compile(target)
 	return err
 }
-
-// errNoGPU is returned by GPU-only entry points on the CPU.
-var errNoGPU = errors.New("device: not a CUDA device")

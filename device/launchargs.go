@@ -36,8 +36,7 @@ func layoutOf(t reflect.Type) *structLayout {
 	}
 	l := &structLayout{}
 	align := 1
-	var walk func(t reflect.Type, path []int)
-	walk = func(t reflect.Type, path []int) {
+	walk := func(t reflect.Type, path []int) {
 		for i := 0; i < t.NumField() && l.err == nil; i++ {
 			f := t.Field(i)
 			if !f.IsExported() {

@@ -53,7 +53,7 @@ func TestPackStructRejects(t *testing.T) {
 		want string
 	}{
 		{"int field", bad{}, "field N of type int"},
-		{"unexported", private{}, "unexported field n"},
+		{"unexported", private{n: 1}, "unexported field n"},
 		{"too big", big{}, "128 bytes"},
 		{"not a struct", "x", "unsupported type string"},
 		{"freed tensor", withTensor{freed}, "was freed"},

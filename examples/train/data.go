@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 )
@@ -27,9 +26,10 @@ type corpus struct {
 // so that no held-out line has a near copy in the training text of the same file.
 const heldoutEvery = 20
 
-// goroot returns the root of the Go tree whose sources the default corpus reads.
+// goroot returns the root of the Go tree whose sources the default corpus reads: $GOROOT,
+// else what the go command on the PATH says.
 func goroot() string {
-	if r := runtime.GOROOT(); r != "" {
+	if r := os.Getenv("GOROOT"); r != "" {
 		if _, err := os.Stat(filepath.Join(r, "src", "fmt")); err == nil {
 			return r
 		}
