@@ -168,7 +168,7 @@ func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *
 		return t
 	}
 	dyp, da, dh, dxp := mk(R, H), mk(R, F), mk(R, 2*F), mk(R, H)
-	defer freeAll(tmp...)
+	defer device.FreeAll(tmp...)
 	// Gradients of a realistic size: the forward's own outputs stand in for them.
 	dt.NoErr(b, device.Copy(s, dyp, act.yp.t))
 	dt.NoErr(b, device.Copy(s, dh, act.h.t))

@@ -56,8 +56,8 @@
 // Every op takes a *device.Stream and runs on its tensors' device: CUDA kernels
 // (kernels/*.cu, compiled by NVRTC at first use) on a GPU, Go code on the CPU, which is
 // also the tests' reference. Nothing waits for the device except calls that say so:
-// Stats, Permutation.Err and DroppedCount, and the count exchange of an
-// expert-parallel Layout.
+// Stats, Permutation.DroppedCount, the Check of a Permutation's Status, and the count
+// exchange of an expert-parallel Layout.
 //
 // # Expert parallelism and offloading
 //

@@ -2,15 +2,13 @@ package moe
 
 import (
 	_ "embed"
-	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/dropless/dropless/device"
 )
 
-//go:embed kernels/prelude.cuh
-var preludeSrc string
+//go:embed kernels/moe.cuh
+var moeHeaderSrc string
 
 //go:embed kernels/router.cu
 var routerSrc string
@@ -24,21 +22,18 @@ var permuteSrc string
 //go:embed kernels/swiglu.cu
 var swigluSrc string
 
-// program returns a Program whose source is the shared prelude followed by src, with
-// line numbers of compile errors counted from the start of src.
-func program(name, src string) *device.Program {
-	return device.NewProgram(name, preludeSrc+"\n#line 1 \""+name+"\"\n"+src)
-}
+// moeHeader is the package's kernel header, which every source includes.
+var moeHeader = device.Header{Name: "moe.cuh", Source: moeHeaderSrc}
 
 var (
-	routerProg  = program("router.cu", routerSrc)
-	sortProg    = program("sort.cu", sortSrc)
-	permuteProg = program("permute.cu", permuteSrc)
-	swigluProg  = program("swiglu.cu", swigluSrc)
+	routerProg  = device.NewProgram("router.cu", routerSrc).WithHeaders(moeHeader)
+	sortProg    = device.NewProgram("sort.cu", sortSrc).WithHeaders(moeHeader)
+	permuteProg = device.NewProgram("permute.cu", permuteSrc).WithHeaders(moeHeader)
+	swigluProg  = device.NewProgram("swiglu.cu", swigluSrc).WithHeaders(moeHeader)
 )
 
-// Programs returns the package's CUDA programs, so tools can compile them ahead of use.
-func Programs() []*device.Program {
+// programs returns the package's CUDA programs.
+func programs() []*device.Program {
 	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg}
 }
 
@@ -48,28 +43,7 @@ func launch(s *device.Stream, p *device.Program, name string, grid, block device
 	if err != nil {
 		return err
 	}
-	if smem > 48<<10 {
-		if err := k.SetMaxDynamicSharedMemory(smem); err != nil {
-			return err
-		}
-	}
 	return k.Launch(s, grid, block, smem, args...)
-}
-
-// opt returns t as a kernel argument, or a null pointer when t is nil.
-func opt(t *device.Tensor) any {
-	if t == nil {
-		return uint64(0)
-	}
-	return t
-}
-
-// dtName is the kernels' name of a float dtype.
-func dtName(dt device.DType) string {
-	if dt == device.BF16 {
-		return "bf16"
-	}
-	return "f32"
 }
 
 // vecWidth returns how many elements of dt the row kernels move at once: 16 bytes
@@ -91,28 +65,16 @@ func vecWidth(dt device.DType, cols []int, ts ...*device.Tensor) int {
 }
 
 // rowKernel returns the name suffix of a dtype and vector width: "bf16_v8".
-func rowKernel(dt device.DType, v int) string { return fmt.Sprintf("%s_v%d", dtName(dt), v) }
+func rowKernel(dt device.DType, v int) string { return fmt.Sprintf("%s_v%d", dt, v) }
 
-// routeArgs is the kernels' dl_route_args struct.
+// routeArgs mirrors the kernels' struct dl_route_args, passed by value.
 type routeArgs struct {
-	T, E, K, Sigmoid, G, TG, Renorm, Aux, TPW int32
-	Scale                                     float32
-}
-
-func (a routeArgs) bytes() []byte {
-	b := make([]byte, 40)
-	for i, v := range []int32{a.T, a.E, a.K, a.Sigmoid, a.G, a.TG, a.Renorm, a.Aux, a.TPW} {
-		binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
-	}
-	binary.LittleEndian.PutUint32(b[36:], math.Float32bits(a.Scale))
-	return b
-}
-
-func b2i(b bool) int32 {
-	if b {
-		return 1
-	}
-	return 0
+	T, E, K     int32
+	Sigmoid     bool
+	G, TG       int32
+	Renorm, Aux bool
+	TPW         int32
+	Scale       float32
 }
 
 // blockFor returns a block size of at least n threads, a multiple of 32, at most 1024.

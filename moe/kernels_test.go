@@ -6,4 +6,4 @@ import (
 	dt "github.com/dropless/dropless/device/devicetest"
 )
 
-func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, Programs()...) }
+func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, programs()...) }

@@ -109,7 +109,7 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	T, H, F, E, Fs, L := l.T, c.Hidden, c.FFN, c.Router.Experts, c.SharedFFN, c.localExperts()
 	lay := dt.Must(NewLayer(c))
 	var ts []*device.Tensor
-	defer func() { freeAll(ts...) }()
+	defer func() { device.FreeAll(ts...) }()
 	mk := func(typ device.DType, v []float64, shape ...int) *device.Tensor {
 		x := up(t, s, typ, f32s(v), shape...)
 		ts = append(ts, x)

@@ -7,21 +7,16 @@ import (
 	"github.com/dropless/dropless/internal/par"
 )
 
-// checkRows checks a [rows, cols] F32 or BF16 tensor of dtype dt.
-func checkRows(s *device.Stream, t *device.Tensor, what string, dt device.DType, rows, cols int) error {
-	if err := t.Check(s, "moe: "+what); err != nil {
-		return err
-	}
-	if t.DType() != dt || (dt != device.F32 && dt != device.BF16) {
-		return fmt.Errorf("moe: %s is %v, want %v[%d %d] (f32 or bf16)", what, t, dt, rows, cols)
-	}
-	return checkShape(t, what, rows, cols)
-}
-
 // Permute copies each token's row of x[T,H] to the rows of its assignments:
 // xp[p.Row[t,k]] = x[t], into xp[p.Rows, H] of x's dtype (F32 or BF16), on s. Rows
-// past the used ones (Offsets[E]) are zeroed.
+// past the used ones (Offsets[E]) are zeroed. xp must not alias x.
 func Permute(s *device.Stream, xp, x *device.Tensor, p *Permutation) error {
+	if err := checkStream(s, "Permute"); err != nil {
+		return err
+	}
+	if err := p.check(s, "Permute p"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, x, "Permute x"); err != nil {
 		return err
 	}
@@ -97,8 +92,15 @@ func zeroUnused(s *device.Stream, t *device.Tensor, p *Permutation) error {
 }
 
 // PermuteGrad is the gradient of Permute: dx[t] = Σ_k dxp[p.Row[t,k]] (f32 sums in
-// order of k), for dxp[p.Rows, H] and dx[T,H] of one dtype (F32 or BF16), on s.
+// order of k), for dxp[p.Rows, H] and dx[T,H] of one dtype (F32 or BF16), on s. dx
+// must not alias dxp.
 func PermuteGrad(s *device.Stream, dx, dxp *device.Tensor, p *Permutation) error {
+	if err := checkStream(s, "PermuteGrad"); err != nil {
+		return err
+	}
+	if err := p.check(s, "PermuteGrad p"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, dx, "PermuteGrad dx"); err != nil {
 		return err
 	}
@@ -186,7 +188,7 @@ func permuteGrad(s *device.Stream, dx, dxp, row *device.Tensor, K, rows int, add
 	}
 	const tb = 8 // DL_TB
 	return launch(s, permuteProg, "dl_moe_permute_bwd_"+rowKernel(dt, v)+"_"+wname, device.D1((T+tb-1)/tb),
-		device.D1(rowThreads(int64(H/v))), tb*E*4, dx, dxp, opt(row), opt(add), opt(dl), opt(wr), int64(T), int32(K), int32(E), int64(H))
+		device.D1(rowThreads(int64(H/v))), tb*E*4, dx, dxp, row, add, dl, wr, int64(T), int32(K), int32(E), int64(H))
 }
 
 // identity stands for a nil row map: rowAt(identity, a) = a.
@@ -201,8 +203,15 @@ func rowAt(row []int32, a int) int32 {
 
 // Unpermute sums each token's expert rows back: y[t] = Σ_k weight[t,k]·yp[p.Row[t,k]]
 // (f32 sums in order of k; dropped assignments add nothing), for yp[p.Rows, H],
-// y[T,H] of one dtype (F32 or BF16) and weight F32[T,K], on s.
+// y[T,H] of one dtype (F32 or BF16) and weight F32[T,K], on s. y must not alias yp or
+// weight.
 func Unpermute(s *device.Stream, y, yp, weight *device.Tensor, p *Permutation) error {
+	if err := checkStream(s, "Unpermute"); err != nil {
+		return err
+	}
+	if err := p.check(s, "Unpermute p"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, y, "Unpermute y"); err != nil {
 		return err
 	}
@@ -274,14 +283,20 @@ func unpermute(s *device.Stream, y, yp, weight, row *device.Tensor, K, rows int,
 	}
 	v := vecWidth(dt, []int{H}, y, yp, add)
 	return launch(s, permuteProg, "dl_moe_combine_"+rowKernel(dt, v), device.D1(T), device.D1(rowThreads(int64(H/v))), 0,
-		y, yp, opt(weight), opt(row), opt(add), int32(K), int64(H))
+		y, yp, weight, row, add, int32(K), int64(H))
 }
 
 // UnpermuteGrad is the gradient of Unpermute: dyp[p.Row[t,k]] = weight[t,k]·dy[t] and
 // dweight[t,k] = ⟨dy[t], yp[p.Row[t,k]]⟩ (0 for dropped assignments), for dy[T,H],
 // yp and dyp [p.Rows, H] of one dtype and weight, dweight F32[T,K], on s. Unused rows
-// of dyp are zeroed.
+// of dyp are zeroed. dyp and dweight must not alias each other or an input.
 func UnpermuteGrad(s *device.Stream, dyp, dweight, dy, yp, weight *device.Tensor, p *Permutation) error {
+	if err := checkStream(s, "UnpermuteGrad"); err != nil {
+		return err
+	}
+	if err := p.check(s, "UnpermuteGrad p"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, dy, "UnpermuteGrad dy"); err != nil {
 		return err
 	}

@@ -3,6 +3,8 @@ package moe
 import (
 	"math"
 	"sort"
+
+	dt "github.com/dropless/dropless/device/devicetest"
 )
 
 // The float64 reference of the layer: written from the definitions, sharing no code
@@ -241,7 +243,7 @@ func (l *refLayer) forward() refResult {
 		}
 	}
 	res := refResult{route: routeRef(c.Router, T, logits, l.bias), y: make([]float64, T*H), row: make([]int32, T*K)}
-	capacity := Capacity(c.CapacityFactor, T, K, E)
+	capacity := dt.Must(Capacity(c.CapacityFactor, T, K, E))
 	taken := make([]int, E)
 	for a := range T * K {
 		e := res.route.idx[a]

@@ -1,9 +1,9 @@
 package moe
 
 import (
-	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/dropless/dropless/device"
 	"github.com/dropless/dropless/internal/par"
@@ -121,82 +121,43 @@ func (r *Routing) Free() error {
 	if r == nil {
 		return nil
 	}
-	return freeAll(r.Index, r.Weight, r.Scores, r.Load, r.AuxLoss)
+	return device.FreeAll(r.Index, r.Weight, r.Scores, r.Load, r.AuxLoss)
 }
 
-func freeAll(ts ...*device.Tensor) error {
-	var errs []error
-	for _, t := range ts {
-		if t != nil {
-			errs = append(errs, t.Free())
-		}
+// check returns an error unless r is a live routing on s's device whose tensors match
+// its sizes and configuration; what names r.
+func (r *Routing) check(s *device.Stream, what string) error {
+	if r == nil {
+		return fmt.Errorf("moe: %s is nil", what)
 	}
-	return errors.Join(errs...)
-}
-
-// allocAll allocates tensors of the given dtypes and shapes on s, or none.
-func allocAll(s *device.Stream, specs ...allocSpec) ([]*device.Tensor, error) {
-	out := make([]*device.Tensor, len(specs))
-	for i, sp := range specs {
-		t, err := s.Alloc(sp.dt, sp.shape...)
-		if err != nil {
-			freeAll(out[:i]...)
-			return nil, err
-		}
-		out[i] = t
+	if r.Index != nil && r.Index.Freed() {
+		return fmt.Errorf("moe: %s was freed", what)
 	}
-	return out, nil
-}
-
-type allocSpec struct {
-	dt    device.DType
-	shape []int
-}
-
-func spec(dt device.DType, shape ...int) allocSpec { return allocSpec{dt, shape} }
-
-// checkTensor returns an error unless t is live on s's device with dtype dt and shape.
-func checkTensor(s *device.Stream, t *device.Tensor, what string, dt device.DType, shape ...int) error {
-	if err := t.Check(s, "moe: "+what); err != nil {
+	if err := r.Config.Validate(); err != nil {
+		return fmt.Errorf("moe: %s.Config: %s", what, strings.TrimPrefix(err.Error(), "moe: "))
+	}
+	T, E, K := r.Tokens, r.Experts, r.TopK
+	if r.Config.Experts != E || r.Config.TopK != K {
+		return fmt.Errorf("moe: %s has %d experts, top-%d; its Config %d, top-%d", what, E, K, r.Config.Experts, r.Config.TopK)
+	}
+	if err := checkTensor(s, r.Index, what+".Index", device.I32, T, K); err != nil {
 		return err
 	}
-	if t.DType() != dt {
-		return fmt.Errorf("moe: %s is %v, want %v%v", what, t, dt, shape)
-	}
-	return checkShape(t, what, shape...)
-}
-
-func checkShape(t *device.Tensor, what string, shape ...int) error {
-	got := t.Shape()
-	ok := len(got) == len(shape)
-	for i := 0; ok && i < len(got); i++ {
-		ok = got[i] == shape[i]
-	}
-	if !ok {
-		return fmt.Errorf("moe: %s is %v, want shape %v", what, t, shape)
-	}
-	return nil
-}
-
-// checkFloat returns an error unless t is live on s's device, F32 or BF16, rank 2.
-func checkFloat(s *device.Stream, t *device.Tensor, what string) error {
-	if err := t.Check(s, "moe: "+what); err != nil {
+	if err := checkTensor(s, r.Scores, what+".Scores", device.F32, T, E); err != nil {
 		return err
 	}
-	if dt := t.DType(); dt != device.F32 && dt != device.BF16 {
-		return fmt.Errorf("moe: %s is %v, want f32 or bf16", what, t)
-	}
-	if t.Rank() != 2 {
-		return fmt.Errorf("moe: %s is %v, want rank 2", what, t)
-	}
-	return nil
+	return checkTensor(s, r.Load, what+".Load", device.I32, E)
 }
 
 // Route selects cfg.TopK experts per token from logits F32[T,E] (E = cfg.Experts)
 // and the score-correction bias F32[E] (nil: none; it changes the selection, not the
-// weights), on s. The result's tensors are allocated on s; free them with Free.
-// Nothing waits for the device.
+// weights), on s. With Softmax, a token's +∞ logits share its whole score equally
+// and the others get 0. The result's tensors are allocated on s, so they alias
+// nothing; free them with Free. Nothing waits for the device.
 func Route(s *device.Stream, cfg RouterConfig, logits, bias *device.Tensor) (*Routing, error) {
+	if err := checkStream(s, "Route"); err != nil {
+		return nil, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -216,20 +177,18 @@ func Route(s *device.Stream, cfg RouterConfig, logits, bias *device.Tensor) (*Ro
 	if int64(T)*int64(max(K, E)) >= math.MaxInt32 {
 		return nil, fmt.Errorf("moe: Route logits %v: T·E must be below 2^31", logits)
 	}
-	ts, err := allocAll(s, spec(device.I32, T, K), spec(device.F32, T, K), spec(device.F32, T, E), spec(device.I32, E))
-	if err != nil {
-		return nil, err
-	}
-	r := &Routing{Tokens: T, Experts: E, TopK: K, Index: ts[0], Weight: ts[1], Scores: ts[2], Load: ts[3], Config: cfg}
+	ts := device.NewTemps(s) // only for the first error: r owns the tensors
+	r := &Routing{Tokens: T, Experts: E, TopK: K, Config: cfg, Index: ts.Alloc(device.I32, T, K),
+		Weight: ts.Alloc(device.F32, T, K), Scores: ts.Alloc(device.F32, T, E), Load: ts.Alloc(device.I32, E)}
 	if cfg.AuxLoss > 0 {
-		if r.AuxLoss, err = s.Alloc(device.F32, 1); err != nil {
-			r.Free()
-			return nil, err
-		}
+		r.AuxLoss = ts.Alloc(device.F32, 1)
 	}
-	if s.Device().IsCUDA() {
+	err := ts.Err()
+	switch {
+	case err != nil:
+	case s.Device().IsCUDA():
 		err = routeGPU(s, r, logits, bias)
-	} else {
+	default:
 		err = s.EnqueueCPU(func() { routeCPU(r, logits, bias) })
 	}
 	if err != nil {
@@ -241,8 +200,8 @@ func Route(s *device.Stream, cfg RouterConfig, logits, bias *device.Tensor) (*Ro
 
 func (c RouterConfig) args(T int) routeArgs {
 	g, tg := c.groups()
-	return routeArgs{T: int32(T), E: int32(c.Experts), K: int32(c.TopK), Sigmoid: b2i(c.Score == Sigmoid),
-		G: int32(g), TG: int32(tg), Renorm: b2i(c.Renormalize), Aux: b2i(c.AuxLoss > 0), Scale: c.scale()}
+	return routeArgs{T: int32(T), E: int32(c.Experts), K: int32(c.TopK), Sigmoid: c.Score == Sigmoid,
+		G: int32(g), TG: int32(tg), Renorm: c.Renormalize, Aux: c.AuxLoss > 0, Scale: c.scale()}
 }
 
 // routeWarps is the number of warps per block of dl_moe_route: as many as fit 40 KiB
@@ -253,26 +212,27 @@ func routeGPU(s *device.Stream, r *Routing, logits, bias *device.Tensor) error {
 	T, E := r.Tokens, r.Experts
 	if T == 0 {
 		return launch(s, routerProg, "dl_moe_route_finalize", device.D1(1), device.D1(blockFor(E)), 0,
-			uint64(0), uint64(0), int32(0), int32(0), int32(E), int32(r.TopK), r.Config.AuxLoss,
-			b2i(r.Config.AuxLoss > 0), r.Load, opt(r.AuxLoss))
+			(*device.Tensor)(nil), (*device.Tensor)(nil), int32(0), int32(0), int32(E), int32(r.TopK), r.Config.AuxLoss,
+			r.Config.AuxLoss > 0, r.Load, r.AuxLoss)
 	}
 	nw := routeWarps(E)
 	const tpw = 8
 	nb := (T + nw*tpw - 1) / (nw * tpw)
 	a := r.Config.args(T)
 	a.TPW = tpw
-	ts, err := allocAll(s, spec(device.I32, nb, E), spec(device.F32, nb, E))
-	if err != nil {
+	ts := device.NewTemps(s)
+	defer ts.Free()
+	pcnt, psum := ts.Alloc(device.I32, nb, E), ts.Alloc(device.F32, nb, E)
+	if err := ts.Err(); err != nil {
 		return err
 	}
-	defer freeAll(ts...)
 	smem := (nw*4*E + E) * 4
 	if err := launch(s, routerProg, "dl_moe_route", device.D1(nb), device.D1(32*nw), smem,
-		logits, opt(bias), a.bytes(), r.Index, r.Weight, r.Scores, ts[0], ts[1]); err != nil {
+		logits, bias, a, r.Index, r.Weight, r.Scores, pcnt, psum); err != nil {
 		return err
 	}
 	return launch(s, routerProg, "dl_moe_route_finalize", device.D1(1), device.D1(blockFor(E)), 0,
-		ts[0], ts[1], int32(nb), int32(T), int32(E), int32(r.TopK), r.Config.AuxLoss, a.Aux, r.Load, opt(r.AuxLoss))
+		pcnt, psum, int32(nb), int32(T), int32(E), int32(r.TopK), r.Config.AuxLoss, a.Aux, r.Load, r.AuxLoss)
 }
 
 // routeCPU mirrors dl_moe_route and dl_moe_route_finalize.
@@ -360,6 +320,22 @@ func scoreRow(f Score, s, z []float32) {
 			m = float64(v)
 		}
 	}
+	if math.IsInf(m, 1) {
+		// The limit of the softmax: the +∞ logits share the weight, the others get none.
+		var n float64
+		for _, v := range z {
+			if float64(v) == m {
+				n++
+			}
+		}
+		for e, v := range z {
+			s[e] = 0
+			if float64(v) == m {
+				s[e] = float32(1 / n)
+			}
+		}
+		return
+	}
 	var sum float64
 	for _, v := range z {
 		sum += math.Exp(float64(v) - m)
@@ -446,8 +422,14 @@ func auxLoss(c RouterConfig, sc []float32, load []int32, T int) float64 {
 // RouteGrad computes dlogits F32[T,E], the gradient of the loss with respect to the
 // logits Route was given, from dweight F32[T,K] (the gradient with respect to
 // r.Weight; nil: zero) and, when r.Config.AuxLoss > 0, the auxiliary loss (as if its
-// upstream gradient were 1), on s.
+// upstream gradient were 1), on s. dlogits must not alias dweight or r's tensors.
 func RouteGrad(s *device.Stream, dlogits, dweight *device.Tensor, r *Routing) error {
+	if err := checkStream(s, "RouteGrad"); err != nil {
+		return err
+	}
+	if err := r.check(s, "RouteGrad r"); err != nil {
+		return err
+	}
 	T, E, K := r.Tokens, r.Experts, r.TopK
 	if err := checkTensor(s, dlogits, "RouteGrad dlogits", device.F32, T, E); err != nil {
 		return err
@@ -468,7 +450,7 @@ func RouteGrad(s *device.Stream, dlogits, dweight *device.Tensor, r *Routing) er
 	if s.Device().IsCUDA() {
 		nw := min(max(8192/E, 1), 8)
 		return launch(s, routerProg, "dl_moe_route_bwd", device.D1((T+nw-1)/nw), device.D1(32*nw), nw*E*4,
-			opt(dweight), r.Index, r.Scores, r.Load, c.args(T).bytes(), auxc, dlogits)
+			dweight, r.Index, r.Scores, r.Load, c.args(T), auxc, dlogits)
 	}
 	return s.EnqueueCPU(func() { routeGradCPU(r, dlogits, dweight, auxc) })
 }
@@ -553,8 +535,15 @@ func routeGradCPU(r *Routing, dlogits, dweight *device.Tensor, auxc float32) {
 
 // UpdateBias applies the auxiliary-loss-free balancing update to the score-correction
 // bias F32[E] from the load I32[E] of a step: bias[e] += gamma·sign(mean(load) −
-// load[e]), on s. Underloaded experts gain, overloaded ones lose.
+// load[e]), on s, for a finite rate gamma. Underloaded experts gain, overloaded ones
+// lose. bias is updated in place; load must not alias it.
 func UpdateBias(s *device.Stream, bias, load *device.Tensor, gamma float32) error {
+	if err := checkStream(s, "UpdateBias"); err != nil {
+		return err
+	}
+	if g := float64(gamma); math.IsNaN(g) || math.IsInf(g, 0) {
+		return fmt.Errorf("moe: UpdateBias gamma = %v, want a finite value", gamma)
+	}
 	if err := bias.Check(s, "moe: UpdateBias bias"); err != nil {
 		return err
 	}

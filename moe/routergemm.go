@@ -9,8 +9,11 @@ import (
 
 // RouterLogits computes logits F32[T,E] = x·wrᵀ for x[T,H] and router weights
 // wr[E,H] (the layout of a Linear(H, E) weight), each F32 or BF16, accumulating in
-// f32, on s.
+// f32, on s. logits must not alias x or wr.
 func RouterLogits(s *device.Stream, logits, x, wr *device.Tensor) error {
+	if err := checkStream(s, "RouterLogits"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, x, "RouterLogits x"); err != nil {
 		return err
 	}
@@ -50,7 +53,7 @@ func RouterLogits(s *device.Stream, logits, x, wr *device.Tensor) error {
 	}
 	bi, bj := (T+63)/64, (E+31)/32
 	splits, chunk := splitK(s, bi*bj, H)
-	name := fmt.Sprintf("dl_moe_logits_%s_%s", dtName(x.DType()), dtName(wr.DType()))
+	name := fmt.Sprintf("dl_moe_logits_%s_%s", x.DType(), wr.DType())
 	grid := device.Dim3{X: bi, Y: bj, Z: splits}
 	if splits == 1 {
 		return launch(s, routerProg, name, grid, device.D1(128), 0, logits, x, wr, int64(T), int64(E), int64(H), int64(chunk))
@@ -82,14 +85,18 @@ func splitK(s *device.Stream, blocks, n int) (splits, chunk int) {
 func reduceSplits(s *device.Stream, out, part *device.Tensor, splits int, acc bool) error {
 	n := out.Len()
 	grid := min((n+255)/256, 32*s.Device().Multiprocessors())
-	return launch(s, routerProg, "dl_moe_reduce_"+dtName(out.DType()), device.D1(grid), device.D1(256), 0,
-		out, part, int64(n), int32(splits), b2i(acc))
+	return launch(s, routerProg, "dl_moe_reduce_"+out.DType().String(), device.D1(grid), device.D1(256), 0,
+		out, part, int64(n), int32(splits), acc)
 }
 
 // RouterWeightGrad computes the router weight gradient dwr[E,H] = dlogitsᵀ·x for
 // dlogits F32[T,E] and x[T,H], or adds it to dwr when accumulate, on s. dwr is F32 or
-// BF16, x F32 or BF16; sums are f32 and deterministic.
+// BF16, x F32 or BF16; sums are f32 and deterministic. dwr must not alias x or
+// dlogits.
 func RouterWeightGrad(s *device.Stream, dwr, x, dlogits *device.Tensor, accumulate bool) error {
+	if err := checkStream(s, "RouterWeightGrad"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, x, "RouterWeightGrad x"); err != nil {
 		return err
 	}
@@ -142,7 +149,7 @@ func RouterWeightGrad(s *device.Stream, dwr, x, dlogits *device.Tensor, accumula
 	}
 	defer part.Free()
 	grid := device.Dim3{X: bi, Y: bj, Z: splits}
-	if err := launch(s, routerProg, "dl_moe_router_wgrad_"+dtName(x.DType()), grid, device.D1(128), 0,
+	if err := launch(s, routerProg, "dl_moe_router_wgrad_"+x.DType().String(), grid, device.D1(128), 0,
 		part, dlogits, x, int64(T), int64(E), int64(H), int64(chunk)); err != nil {
 		return err
 	}

@@ -80,7 +80,7 @@ func TestSort(t *testing.T) {
 				defer it.Free()
 				p := dt.Must(Sort(s, it, tc.E, tc.cap))
 				defer p.Free()
-				dt.NoErr(t, p.Err(s))
+				dt.NoErr(t, p.Status.Check(s))
 				want := sortRef(idx, tc.E, tc.cap, p.Rows)
 				if wantRows := min(tc.T*tc.K, max(tc.E*tc.cap, 0)); tc.cap > 0 && p.Rows != wantRows {
 					t.Errorf("Rows = %d, want %d", p.Rows, wantRows)
@@ -107,7 +107,7 @@ func TestSortBadIndex(t *testing.T) {
 			p, err := Sort(s, it, 8, 0)
 			if d.IsCUDA() {
 				dt.NoErr(t, err)
-				err = p.Err(s)
+				err = p.Status.Check(s)
 				// The bad entry counts as no expert.
 				if row := downI32(t, s, p.Row); row[3] != -1 {
 					t.Errorf("row of the bad entry = %d, want -1", row[3])

@@ -9,18 +9,22 @@ import (
 )
 
 // SwiGLU computes a[M,F] = silu(h[:, :F])·h[:, F:] for h[M,2F] (gate and up halves
-// side by side, as one fused ragged_dot produces them), silu(g) = g·sigmoid(g), in
-// f32, on s. a and h share a dtype, F32 or BF16.
+// side by side, as one fused ragged_dot produces them), silu(g) = g·sigmoid(g) (0 at
+// g = −∞), in f32, on s. a and h share a dtype, F32 or BF16. a must not alias h.
 func SwiGLU(s *device.Stream, a, h *device.Tensor) error { return swiglu(s, a, h, nil) }
 
 // SwiGLUGrad computes dh[M,2F] = [da·up·silu'(gate) | da·silu(gate)] for h[M,2F] and
-// da[M,F], on s. All three share a dtype, F32 or BF16.
+// da[M,F], on s, with silu' and silu at ±∞ their limits (0 and 0 at −∞, 1 and +∞ at
+// +∞). All three share a dtype, F32 or BF16. dh must not alias h or da.
 func SwiGLUGrad(s *device.Stream, dh, h, da *device.Tensor) error {
 	return swigluGrad(s, dh, h, da, nil)
 }
 
 // swiglu is SwiGLU over the first *used rows (a device I32; nil: all), zeroing the rest.
 func swiglu(s *device.Stream, a, h, used *device.Tensor) error {
+	if err := checkStream(s, "SwiGLU"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, h, "SwiGLU h"); err != nil {
 		return err
 	}
@@ -43,7 +47,7 @@ func swiglu(s *device.Stream, a, h, used *device.Tensor) error {
 				for r := lo; r < hi; r++ {
 					for f := range F {
 						g, u := hv[r*F2+f], hv[r*F2+F+f]
-						out[r*F+f] = g * sigmoid(g) * u
+						out[r*F+f] = silu32(g) * u
 					}
 				}
 			})
@@ -52,10 +56,13 @@ func swiglu(s *device.Stream, a, h, used *device.Tensor) error {
 	}
 	v := vecWidth(dt, []int{F}, a, h)
 	return launch(s, swigluProg, "dl_moe_swiglu_"+rowKernel(dt, v), device.D1(rowGrid(s, M)), device.D1(rowThreads(int64(F/v))), 0,
-		a, h, opt(used), int64(M), int64(F))
+		a, h, used, int64(M), int64(F))
 }
 
 func swigluGrad(s *device.Stream, dh, h, da, used *device.Tensor) error {
+	if err := checkStream(s, "SwiGLUGrad"); err != nil {
+		return err
+	}
 	if err := checkFloat(s, h, "SwiGLUGrad h"); err != nil {
 		return err
 	}
@@ -81,9 +88,9 @@ func swigluGrad(s *device.Stream, dh, h, da, used *device.Tensor) error {
 				for r := lo; r < hi; r++ {
 					for f := range F {
 						g, u, dd := hv[r*F2+f], hv[r*F2+F+f], d[r*F+f]
-						sg := sigmoid(g)
-						out[r*F2+f] = dd * u * (sg * (1 + g*(1-sg)))
-						out[r*F2+F+f] = dd * (g * sg)
+						ds, sv := siluGrad32(g)
+						out[r*F2+f] = dd * u * ds
+						out[r*F2+F+f] = dd * sv
 					}
 				}
 			})
@@ -92,11 +99,32 @@ func swigluGrad(s *device.Stream, dh, h, da, used *device.Tensor) error {
 	}
 	v := vecWidth(dt, []int{F}, dh, h, da)
 	return launch(s, swigluProg, "dl_moe_swiglu_bwd_"+rowKernel(dt, v), device.D1(rowGrid(s, M)), device.D1(rowThreads(int64(F/v))), 0,
-		dh, h, da, opt(used), int64(M), int64(F))
+		dh, h, da, used, int64(M), int64(F))
 }
 
 // sigmoid is 1/(1+exp(-g)) in f32 (exp in float64, rounded).
 func sigmoid(g float32) float32 { return 1 / (1 + float32(math.Exp(-float64(g)))) }
+
+// silu32 is g·sigmoid(g) in f32, and its limit 0 at g = −∞.
+func silu32(g float32) float32 {
+	if math.IsInf(float64(g), -1) {
+		return 0
+	}
+	return g * sigmoid(g)
+}
+
+// siluGrad32 returns silu'(g) = s·(1 + g·(1 − s)), s = sigmoid(g), and silu(g) in f32,
+// and their limits at ±∞: 0 and 0 at −∞, 1 and +∞ at +∞.
+func siluGrad32(g float32) (d, v float32) {
+	switch {
+	case math.IsInf(float64(g), -1):
+		return 0, 0
+	case math.IsInf(float64(g), 1):
+		return 1, g
+	}
+	sg := sigmoid(g)
+	return sg * (1 + g*(1-sg)), g * sg
+}
 
 // usedRows reads the CPU I32 scalar used, clamped to [0, rows]; nil means rows.
 func usedRows(used *device.Tensor, rows int) int {

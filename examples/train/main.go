@@ -295,7 +295,11 @@ func trainModel(d *device.Device, name string, cfg ModelConfig, o options, c *co
 	}
 	kind := "dropless"
 	if cfg.CapacityFactor > 0 {
-		kind = fmt.Sprintf("capacity factor %g (%d rows per expert)", cfg.CapacityFactor, moe.Capacity(cfg.CapacityFactor, o.Batch, cfg.TopK, cfg.Experts))
+		c, err := moe.Capacity(cfg.CapacityFactor, o.Batch, cfg.TopK, cfg.Experts)
+		if err != nil {
+			return nil, err
+		}
+		kind = fmt.Sprintf("capacity factor %g (%d rows per expert)", cfg.CapacityFactor, c)
 	}
 	fmt.Fprintf(w, "\n%s model: W=%d H=%d F=%d E=%d K=%d L=%d, %s; %d parameters (%d in experts, %d active per token)\n",
 		name, cfg.Window, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK, cfg.Layers, kind,

@@ -4,6 +4,7 @@
 // sums run over k in order in f32: results do not depend on scheduling.
 // V is the number of elements a thread moves at once (16 bytes when the host has
 // checked alignment, else 1). K <= 32.
+#include "moe.cuh"
 
 // xp[row[t*K+k]] = x[t] for each k with a row, copying nw words of type W per row.
 template <typename W>

@@ -1,6 +1,7 @@
 // Router kernels: the router's small GEMMs (logits = x * wr^T and its weight
 // gradient), top-k routing with softmax or sigmoid scores, its backward pass, and the
 // score-correction bias update. All router arithmetic is f32.
+#include "moe.cuh"
 
 // ---------------------------------------------------------------------------------
 // C[i][j] = sum over k in this block's k-range of A(k,i) * B(k,j), for a BI x BJ
@@ -115,7 +116,8 @@ extern "C" __global__ void dl_moe_reduce_bf16(u16 *out, const float *part, i64 n
 
 // ---------------------------------------------------------------------------------
 // Routing, one warp per token; lanes own experts e = lane + 32*j.
-//   scores: softmax p = exp(z - max z) / sum, or sigmoid s = 1 / (1 + exp(-z));
+//   scores: softmax p = exp(z - max z) / sum (with +inf logits its limit: they share
+//           the weight equally, the others get 0), or sigmoid s = 1 / (1 + exp(-z));
 //   choice: the value top-k selects on: z (softmax without bias), p + bias, s + bias;
 //           NaN choices count as -inf;
 //   groups (G > 1): group score = sum of the group's two largest choices (the
@@ -132,6 +134,14 @@ struct dl_route_args {
     int T, E, K, sigmoid, G, TG, renorm, aux, tpw;
     float scale;
 };
+
+// dl_softmax_exp returns exp(z - m), the softmax term of logit z when the largest logit
+// is m, or its limit when m = +inf: 1 for the +inf logits (not exp(inf - inf) = NaN)
+// and 0 for the others, NaN ones included (as routeCPU).
+__device__ __forceinline__ float dl_softmax_exp(float z, float m) {
+    if (m == DL_POS_INF) return z == m ? 1.f : 0.f;
+    return expf(z - m);
+}
 
 __device__ __forceinline__ void dl_argmax_merge(float &best, int &bi) {
 #pragma unroll
@@ -170,10 +180,10 @@ extern "C" __global__ void dl_moe_route(const float *__restrict__ logits, const 
             for (int e = lane; e < E; e += 32) m = fmaxf(m, z[e]);
             m = dl_warp_max(m);
             float sum = 0.f;
-            for (int e = lane; e < E; e += 32) sum += expf(z[e] - m);
+            for (int e = lane; e < E; e += 32) sum += dl_softmax_exp(z[e], m);
             sum = dl_warp_sum(sum);
             for (int e = lane; e < E; e += 32) {
-                float pe = expf(z[e] - m) / sum;
+                float pe = dl_softmax_exp(z[e], m) / sum;
                 float c = bias ? pe + bias[e] : z[e];
                 score[e] = pe;
                 choice[e] = c != c ? DL_NEG_INF : c;

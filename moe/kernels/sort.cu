@@ -7,12 +7,19 @@
 //   dl_moe_sort_scatter: one warp per chunk walks it in order and writes the rows.
 // Within a warp, __match_any_sync groups lanes holding the same expert: a lane's rank
 // is its group's running count plus the group's lanes before it.
+#include "moe.cuh"
+
+// The status record of an index outside [-1, E): moe's domain, the op Sort and the
+// code (moe/status.go), with the assignment, its index and E.
+#define DL_MOE_STATUS_DOMAIN 3
+#define DL_MOE_STATUS_SORT 1
+#define DL_MOE_BAD_INDEX 1
 
 // Counts the assignments of chunk c per expert into cnt[c*E + e]. Entries outside
-// [-1, E) set bit 0 of *status and count as -1 (no expert). Dynamic shared memory:
-// (blockDim.x/32) * E ints.
+// [-1, E) count as -1 (no expert) and are recorded in status (a device.Status, null
+// for none). Dynamic shared memory: (blockDim.x/32) * E ints.
 extern "C" __global__ void dl_moe_sort_count(const int *__restrict__ idx, i64 n, int E, int ch, int nchunks,
-                                             int *__restrict__ cnt, int *__restrict__ status) {
+                                             int *__restrict__ cnt, i64 *__restrict__ status) {
     extern __shared__ int sm[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int c = blockIdx.x * (blockDim.x >> 5) + w;
@@ -22,19 +29,24 @@ extern "C" __global__ void dl_moe_sort_count(const int *__restrict__ idx, i64 n,
     __syncwarp();
     i64 base = (i64)c * ch;
     i64 end = base + ch < n ? base + ch : n;
-    bool bad = false;
+    i64 bad = -1; // the lane's first assignment with a bad index
+    int badv = 0;
     for (i64 a0 = base; a0 < end; a0 += 32) {
         i64 a = a0 + lane;
         int e = a < end ? idx[a] : -1;
         if (e < -1 || e >= E) {
-            bad = true;
+            if (bad < 0) {
+                bad = a;
+                badv = e;
+            }
             e = -1;
         }
         unsigned m = __match_any_sync(DL_FULL, e);
         if (e >= 0 && lane == 31 - __clz(m)) my[e] += __popc(m);
         __syncwarp();
     }
-    if (__any_sync(DL_FULL, bad) && lane == 0) atomicOr(status, 1);
+    if (bad >= 0)
+        dl_status_set(status, DL_STATUS_CODE(DL_MOE_STATUS_DOMAIN, DL_MOE_STATUS_SORT, DL_MOE_BAD_INDEX), bad, badv, E);
     for (int e = lane; e < E; e += 32) cnt[(i64)c * E + e] = my[e];
 }
 

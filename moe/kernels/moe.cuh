@@ -1,15 +1,14 @@
-// Shared definitions of package moe's kernels. Each program's source is this
-// prelude followed by its own file (see kernels.go). Elements are f32 (float)
-// or bf16 (unsigned short); arithmetic is f32.
-#include "dtype.cuh"
+// Shared definitions of package moe's kernels: each .cu includes this header, which
+// includes dl.cuh (integer names, DL_FULL, warp and block sums, status records).
+// Elements are f32 (float) or bf16 (unsigned short); arithmetic is f32.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
+#ifndef DROPLESS_MOE_CUH
+#define DROPLESS_MOE_CUH
 
-#define DL_FULL 0xffffffffu
+#include "dl.cuh"
+
 #define DL_NEG_INF __int_as_float(0xff800000)
+#define DL_POS_INF __int_as_float(0x7f800000)
 #define DL_NAN __int_as_float(0x7fc00000)
 
 __device__ __forceinline__ float dl_ld(const float *p) { return *p; }
@@ -66,26 +65,4 @@ __device__ __forceinline__ i64 dl_total(const int *total, i64 rows) {
     return t < 0 ? 0 : (t > rows ? rows : t);
 }
 
-__device__ __forceinline__ float dl_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DL_FULL, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float dl_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(DL_FULL, v, o));
-    return v;
-}
-
-// dl_block_sum returns the sum of v over the block to every thread, in a fixed
-// order. red holds 32 floats of shared memory; blockDim.x is a multiple of 32.
-__device__ __forceinline__ float dl_block_sum(float v, float *red) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = dl_warp_sum(v);
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float s = lane < nw ? red[lane] : 0.f;
-    return dl_warp_sum(s);
-}
+#endif

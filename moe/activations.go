@@ -1,0 +1,271 @@
+package moe
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/ep"
+	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/offload"
+)
+
+// Names of the activations the layer keeps for Backward, as an offload.Policy names
+// them.
+const (
+	ActPermuted  = "moe_permuted"   // the permuted (dispatched) input, [R,H]
+	ActWi        = "moe_mlpwi"      // gate and up projections, [R,2F]
+	ActSwiGLU    = "moe_mlp_swiglu" // their SwiGLU, [R,F]
+	ActWo        = "moe_mlpwo"      // expert outputs, [R,H]
+	ActSharedWi  = "mlpwi"          // the shared expert's gate and up, [T,2Fs]
+	ActSharedAct = "mlp_swiglu"     // its SwiGLU, [T,Fs]
+)
+
+// saved is an activation Backward needs: held here, or by the offloader.
+type saved struct {
+	name   string
+	t      *device.Tensor
+	h      offload.Handle
+	inOff  bool // h is live: the offloader holds the activation
+	loaned bool // t came back from the offloader or was recomputed: Backward releases it
+	gone   bool // released after its last use in Backward
+}
+
+// Activations is what Forward keeps for Backward, on the device of the call. Free it
+// after Backward (or instead of it, for inference).
+type Activations struct {
+	Routing *Routing     // the routing of the step
+	Perm    *Permutation // its permutation (nil with Config.EP)
+	Layout  *ep.Layout   // its expert-parallel layout (nil without Config.EP)
+
+	cfg     Config
+	s       *device.Stream // the stream of the last call, where Free releases tensors
+	x       *device.Tensor // the input (the caller's)
+	p       *Params        // the parameters (the caller's)
+	counts  *device.Tensor // I32 group sizes of the expert rows
+	used    *device.Tensor // I32[1] rows in use (nil: all)
+	weights *device.Tensor // EP: F32 routing weight of each expert row
+	rows    int            // expert rows R
+
+	xp, h, a, yp saved // [R,H], [R,2F], [R,F], [R,H]
+	hs, as       saved // shared expert: [T,2Fs], [T,Fs]
+	all          *device.Tensor
+}
+
+// Free releases the activations' tensors, in stream order on the stream of the last
+// Forward or Backward that used them.
+func (a *Activations) Free() error {
+	if a == nil {
+		return nil
+	}
+	errs := []error{a.Routing.Free(), a.Perm.Free()}
+	if a.Layout != nil {
+		errs = append(errs, a.Layout.Free())
+	}
+	for _, sl := range []*saved{&a.xp, &a.h, &a.a, &a.yp, &a.hs, &a.as} {
+		errs = append(errs, a.release(sl, true))
+	}
+	errs = append(errs, freeOn(a.s, a.weights, a.all))
+	a.weights, a.all = nil, nil
+	return errors.Join(errs...)
+}
+
+func freeOn(s *device.Stream, ts ...*device.Tensor) error {
+	var errs []error
+	for _, t := range ts {
+		if t != nil {
+			errs = append(errs, t.FreeOn(s))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// keep hands t, which Forward is done with, to sl: to the offloader when there is one.
+func (a *Activations) keep(s *device.Stream, sl *saved, name string, t *device.Tensor) error {
+	sl.name, sl.t = name, t
+	if a.cfg.Offload == nil || t == nil {
+		return nil
+	}
+	h, err := a.cfg.Offload.Save(s, name, t)
+	if err != nil {
+		return err // t stays with sl
+	}
+	sl.t, sl.h, sl.inOff = nil, h, true
+	return nil
+}
+
+// prefetch starts reloading sl from the offloader.
+func (a *Activations) prefetch(sl *saved) error {
+	if !sl.inOff {
+		return nil
+	}
+	return a.cfg.Offload.Prefetch(sl.h)
+}
+
+// get returns sl's tensor for Backward on s: held, reloaded, or recomputed by
+// recompute when the policy dropped it.
+func (a *Activations) get(s *device.Stream, sl *saved, recompute func() (*device.Tensor, error)) (*device.Tensor, error) {
+	if sl.gone {
+		return nil, fmt.Errorf("moe: activation %s was released by an earlier Backward (with Config.Offload, Backward runs once)", sl.name)
+	}
+	if !sl.inOff {
+		if sl.t == nil {
+			return nil, fmt.Errorf("moe: activation %s is missing: activations freed?", sl.name)
+		}
+		return sl.t, nil
+	}
+	t, err := a.cfg.Offload.Load(s, sl.h)
+	sl.inOff, sl.h = false, offload.Handle{}
+	if errors.Is(err, offload.ErrRecompute) {
+		t, err = recompute()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("moe: activation %s: %w", sl.name, err)
+	}
+	sl.t, sl.loaned = t, true
+	return t, nil
+}
+
+// done releases sl after its last use in Backward when it came from the offloader.
+func (a *Activations) done(sl *saved) error {
+	if !sl.loaned {
+		return nil
+	}
+	return a.release(sl, false)
+}
+
+// release frees sl's tensor (or drops its handle) on a.s; all: also tensors the layer
+// holds itself.
+func (a *Activations) release(sl *saved, all bool) error {
+	var err error
+	switch {
+	case sl.inOff:
+		err = a.cfg.Offload.Drop(a.s, sl.h)
+		sl.inOff, sl.h = false, offload.Handle{}
+	case sl.t != nil && (all || sl.loaned):
+		err = sl.t.FreeOn(a.s)
+		sl.t = nil
+		if !all {
+			sl.gone = true
+		}
+	}
+	return err
+}
+
+// Stats are a step's routing statistics.
+type Stats struct {
+	Load    []int   // assignments of this call's tokens routed to each expert (before capacity)
+	Dropped int     // assignments dropped for capacity (with Config.EP: rows dropped on this rank)
+	AuxLoss float32 // the load-balancing loss (0 when RouterConfig.AuxLoss is 0)
+}
+
+// Imbalance returns the largest load over the mean load (1: balanced); 0 without tokens.
+func (st Stats) Imbalance() float64 {
+	var sum, mx int
+	for _, v := range st.Load {
+		sum += v
+		mx = max(mx, v)
+	}
+	if sum == 0 {
+		return 0
+	}
+	return float64(mx) * float64(len(st.Load)) / float64(sum)
+}
+
+// Stats waits for s and returns the step's routing statistics.
+func (a *Activations) Stats(s *device.Stream) (Stats, error) {
+	var st Stats
+	if err := checkStream(s, "Activations.Stats"); err != nil {
+		return st, err
+	}
+	if a == nil {
+		return st, errors.New("moe: Activations.Stats: nil Activations")
+	}
+	if err := a.Routing.check(s, "Activations.Stats a.Routing"); err != nil {
+		return st, err
+	}
+	load := make([]int32, a.Routing.Experts)
+	if err := device.Download(s, a.Routing.Load, load); err != nil {
+		return st, err
+	}
+	st.Load = make([]int, len(load))
+	for i, v := range load {
+		st.Load[i] = int(v)
+	}
+	if a.Perm != nil {
+		var err error
+		if st.Dropped, err = a.Perm.DroppedCount(s); err != nil {
+			return st, err
+		}
+	} else if a.Layout != nil {
+		st.Dropped = a.Layout.Dropped()
+	}
+	if a.Routing.AuxLoss != nil {
+		v, err := a.Routing.AuxLoss.Float32s(s)
+		if err != nil {
+			return st, err
+		}
+		st.AuxLoss = v[0]
+	}
+	return st, nil
+}
+
+// recompute returns the functions that rebuild each activation the offloader dropped.
+func (l *Layer) recompute(s *device.Stream, act *Activations) (xp, h, a, yp, hs, as func() (*device.Tensor, error)) {
+	c, p := l.cfg, act.p
+	T, H, F, Fs, dt, R := act.x.Dim(0), c.Hidden, c.FFN, c.SharedFFN, act.x.DType(), act.rows
+	o := l.gemmOpt(false)
+	build := func(shape []int, fn func(out *device.Tensor) error) (*device.Tensor, error) {
+		t, err := s.Alloc(dt, shape...)
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(t); err != nil {
+			t.Free()
+			return nil, err
+		}
+		return t, nil
+	}
+	xp = func() (*device.Tensor, error) {
+		if c.EP != nil {
+			d, err := act.Layout.Dispatch(s, act.x, nil)
+			if err != nil {
+				return nil, err
+			}
+			return d.X, nil
+		}
+		return build([]int{R, H}, func(t *device.Tensor) error { return Permute(s, t, act.x, act.Perm) })
+	}
+	h = func() (*device.Tensor, error) {
+		in, err := act.get(s, &act.xp, xp)
+		if err != nil {
+			return nil, err
+		}
+		return build([]int{R, 2 * F}, func(t *device.Tensor) error { return gemm.RaggedDot(s, t, in, p.W1, act.counts, o) })
+	}
+	a = func() (*device.Tensor, error) {
+		in, err := act.get(s, &act.h, h)
+		if err != nil {
+			return nil, err
+		}
+		return build([]int{R, F}, func(t *device.Tensor) error { return swiglu(s, t, in, act.used) })
+	}
+	yp = func() (*device.Tensor, error) {
+		in, err := act.get(s, &act.a, a)
+		if err != nil {
+			return nil, err
+		}
+		return build([]int{R, H}, func(t *device.Tensor) error { return gemm.RaggedDot(s, t, in, p.W2, act.counts, o) })
+	}
+	hs = func() (*device.Tensor, error) {
+		return build([]int{T, 2 * Fs}, func(t *device.Tensor) error { return l.sharedWi(s, act, t) })
+	}
+	as = func() (*device.Tensor, error) {
+		in, err := act.get(s, &act.hs, hs)
+		if err != nil {
+			return nil, err
+		}
+		return build([]int{T, Fs}, func(t *device.Tensor) error { return swiglu(s, t, in, nil) })
+	}
+	return
+}

@@ -1,0 +1,205 @@
+package moe
+
+import (
+	"errors"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/gemm"
+)
+
+// Backward computes the gradients of the loss from dy[T,H] (the gradient of Forward's
+// y) and the activations of that Forward, into g, on s; nothing waits for the device.
+// With RouterConfig.AuxLoss > 0 the gradient of the auxiliary loss (upstream gradient
+// 1) is included in g.X and g.Router. Free the activations after. The gradients must
+// not alias each other, dy, the input or a parameter.
+func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Activations) error {
+	if l == nil {
+		return errors.New("moe: Layer.Backward: nil Layer")
+	}
+	if err := checkStream(s, "Layer.Backward"); err != nil {
+		return err
+	}
+	if g == nil || act == nil {
+		return errors.New("moe: Backward: nil Grads or Activations")
+	}
+	c := l.cfg
+	x, p, r := act.x, act.p, act.Routing
+	if act.cfg != c || r == nil || r.Index.Freed() {
+		return errors.New("moe: Backward: activations of another layer, or freed")
+	}
+	T, H, F, E, K, dt := x.Dim(0), c.Hidden, c.FFN, c.Router.Experts, c.Router.TopK, x.DType()
+	if err := l.checkParams(s, dt, p); err != nil {
+		return err
+	}
+	if err := checkRows(s, dy, "Backward dy", dt, T, H); err != nil {
+		return err
+	}
+	if err := checkRows(s, g.X, "Grads.X", dt, T, H); err != nil {
+		return err
+	}
+	if c.SharedFFN == 0 && (g.SharedW1 != nil || g.SharedW2 != nil) {
+		return errors.New("moe: Grads.SharedW1 and SharedW2 given but Config.SharedFFN is 0")
+	}
+	L, Fs := c.localExperts(), c.SharedFFN
+	for _, w := range []struct {
+		t     *device.Tensor
+		name  string
+		shape []int
+	}{
+		{g.Router, "Grads.Router", []int{E, H}},
+		{g.W1, "Grads.W1", wshape(c.Layout, L, H, 2*F)},
+		{g.W2, "Grads.W2", wshape(c.Layout, L, F, H)},
+		{g.SharedW1, "Grads.SharedW1", wshape(c.Layout, 1, H, 2*Fs)[1:]},
+		{g.SharedW2, "Grads.SharedW2", wshape(c.Layout, 1, Fs, H)[1:]},
+	} {
+		if w.t != nil {
+			if err := checkWeight(s, w.t, w.name, w.shape...); err != nil {
+				return err
+			}
+		}
+	}
+	act.s = s
+	R := act.rows
+	tmp := device.NewTemps(s)
+	defer tmp.Free()
+	reXp, reH, reA, reYp, reHs, reAs := l.recompute(s, act)
+	// Reloads in order of use, one ahead.
+	for _, sl := range []*saved{&act.yp, &act.a} {
+		if err := act.prefetch(sl); err != nil {
+			return err
+		}
+	}
+	yp, err := act.get(s, &act.yp, reYp)
+	if err != nil {
+		return err
+	}
+	var dyp, dw *device.Tensor
+	if c.EP == nil {
+		pm := act.Perm
+		dyp, dw = tmp.Alloc(dt, R, H), tmp.Alloc(device.F32, T, K)
+		if err := tmp.Err(); err != nil {
+			return err
+		}
+		err = UnpermuteGrad(s, dyp, dw, dy, yp, r.Weight, pm)
+	} else {
+		var dwRow *device.Tensor
+		dyp, dwRow, err = act.Layout.CombineBackward(s, dy, yp, act.weights)
+		if err == nil {
+			tmp.Add(dyp, dwRow)
+			dw = dwRow // the row weight gradients, sent back with DispatchBackward
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := act.done(&act.yp); err != nil {
+		return err
+	}
+	l.mark(s, "combine_bwd")
+	if err := act.prefetch(&act.h); err != nil {
+		return err
+	}
+	da := tmp.Alloc(dt, R, F)
+	if err := tmp.Err(); err != nil {
+		return err
+	}
+	o, ow := l.gemmOpt(false), l.gemmOpt(g.Accumulate)
+	if err := gemm.RaggedDotInputGrad(s, da, dyp, p.W2, act.counts, o); err != nil {
+		return err
+	}
+	if g.W2 != nil {
+		a, err := act.get(s, &act.a, reA)
+		if err != nil {
+			return err
+		}
+		if err := gemm.RaggedDotWeightGrad(s, g.W2, a, dyp, act.counts, ow); err != nil {
+			return err
+		}
+	}
+	if err := act.done(&act.a); err != nil {
+		return err
+	}
+	l.mark(s, "gemm")
+	if err := act.prefetch(&act.xp); err != nil {
+		return err
+	}
+	h, err := act.get(s, &act.h, reH)
+	if err != nil {
+		return err
+	}
+	dh := tmp.Alloc(dt, R, 2*F)
+	if err := tmp.Err(); err != nil {
+		return err
+	}
+	if err := swigluGrad(s, dh, h, da, act.used); err != nil {
+		return err
+	}
+	if err := act.done(&act.h); err != nil {
+		return err
+	}
+	l.mark(s, "swiglu_bwd")
+	dxp := tmp.Alloc(dt, R, H)
+	if err := tmp.Err(); err != nil {
+		return err
+	}
+	if err := gemm.RaggedDotInputGrad(s, dxp, dh, p.W1, act.counts, o); err != nil {
+		return err
+	}
+	if g.W1 != nil {
+		xp, err := act.get(s, &act.xp, reXp)
+		if err != nil {
+			return err
+		}
+		if err := gemm.RaggedDotWeightGrad(s, g.W1, xp, dh, act.counts, ow); err != nil {
+			return err
+		}
+	}
+	if err := act.done(&act.xp); err != nil {
+		return err
+	}
+	l.mark(s, "gemm")
+	// The token-side gradients: dxt[T,H] from the expert rows, and the routing weights'.
+	dxt, drow, K1, rows := dxp, act.Perm.rowOrNil(), K, R
+	if c.EP != nil {
+		dx2, dw2, err := act.Layout.DispatchBackward(s, dxp, dw)
+		if err != nil {
+			return err
+		}
+		tmp.Add(dx2, dw2)
+		dxt, dw, drow, K1, rows = dx2, dw2, nil, 1, T
+		l.mark(s, "dispatch_bwd")
+	}
+	dl := tmp.Alloc(device.F32, T, E)
+	if err := tmp.Err(); err != nil {
+		return err
+	}
+	if err := RouteGrad(s, dl, dw, r); err != nil {
+		return err
+	}
+	if g.Router != nil {
+		if err := RouterWeightGrad(s, g.Router, x, dl, g.Accumulate); err != nil {
+			return err
+		}
+	}
+	l.mark(s, "router_bwd")
+	var dxs *device.Tensor
+	if c.SharedFFN > 0 {
+		if dxs, err = l.sharedBackward(s, g, dy, act, tmp, reHs, reAs); err != nil {
+			return err
+		}
+		l.mark(s, "shared")
+	}
+	if err := permuteGrad(s, g.X, dxt, drow, K1, rows, dxs, dl, p.Router); err != nil {
+		return err
+	}
+	l.mark(s, "permute_bwd")
+	return nil
+}
+
+// rowOrNil returns p.Row, or nil for a nil permutation.
+func (p *Permutation) rowOrNil() *device.Tensor {
+	if p == nil {
+		return nil
+	}
+	return p.Row
+}

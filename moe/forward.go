@@ -1,0 +1,137 @@
+package moe
+
+import (
+	"errors"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/gemm"
+)
+
+// Forward computes y[T,H] = Σ_k weight[t,k]·expert_{e_tk}(x[t]) (+ shared(x[t])) for
+// x[T,H] (F32 or BF16; y the same), with expert(x) = (silu(x·W1_gate)·(x·W1_up))·W2, on
+// s. Everything is enqueued on s; nothing waits for the device, except the count
+// exchange of Config.EP. It returns the activations Backward needs; they reference x
+// and p, which must stay unchanged until Backward. Free them when done. y must not
+// alias x or a parameter.
+func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Activations, error) {
+	if l == nil {
+		return nil, errors.New("moe: Layer.Forward: nil Layer")
+	}
+	if err := checkStream(s, "Layer.Forward"); err != nil {
+		return nil, err
+	}
+	if err := l.check(s, y, x, p); err != nil {
+		return nil, err
+	}
+	c := l.cfg
+	T, H, F, E, dt := x.Dim(0), c.Hidden, c.FFN, c.Router.Experts, x.DType()
+	act := &Activations{cfg: c, s: s, x: x, p: p}
+	fail := func(err error) (*Activations, error) {
+		act.Free()
+		return nil, err
+	}
+	logits, err := s.Alloc(device.F32, T, E)
+	if err != nil {
+		return nil, err
+	}
+	err = RouterLogits(s, logits, x, p.Router)
+	if err == nil {
+		act.Routing, err = Route(s, c.Router, logits, p.Bias)
+	}
+	logits.Free()
+	if err != nil {
+		return fail(err)
+	}
+	l.mark(s, "router")
+	var xp *device.Tensor
+	if c.EP == nil {
+		capacity, err := Capacity(c.CapacityFactor, T, c.Router.TopK, E)
+		if err != nil {
+			return fail(err)
+		}
+		if act.Perm, err = Sort(s, act.Routing.Index, E, capacity); err != nil {
+			return fail(err)
+		}
+		pm := act.Perm
+		act.counts, act.rows = pm.Counts, pm.Rows
+		if act.used, err = pm.Offsets.View(E, 1); err != nil {
+			return fail(err)
+		}
+		l.mark(s, "sort")
+		if xp, err = s.Alloc(dt, pm.Rows, H); err != nil {
+			return fail(err)
+		}
+		act.xp.t = xp // owned from here on
+		if err := Permute(s, xp, x, pm); err != nil {
+			return fail(err)
+		}
+		l.mark(s, "permute")
+	} else {
+		if act.Layout, err = c.EP.Layout(s, act.Routing.Index); err != nil {
+			return fail(err)
+		}
+		d, err := act.Layout.Dispatch(s, x, act.Routing.Weight)
+		if err != nil {
+			return fail(err)
+		}
+		xp, act.weights, act.counts, act.rows = d.X, d.Weights, d.Counts, act.Layout.Capacity()
+		act.xp.t = xp
+		l.mark(s, "dispatch")
+	}
+	R := act.rows
+	ts := device.NewTemps(s)
+	h, a, yp := ts.Alloc(dt, R, 2*F), ts.Alloc(dt, R, F), ts.Alloc(dt, R, H)
+	if err := ts.Err(); err != nil {
+		ts.Free()
+		return fail(err)
+	}
+	act.h.t, act.a.t, act.yp.t = h, a, yp
+	o := l.gemmOpt(false)
+	if err := gemm.RaggedDot(s, h, xp, p.W1, act.counts, o); err != nil {
+		return fail(err)
+	}
+	l.mark(s, "gemm")
+	if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil {
+		return fail(err)
+	}
+	if err := swiglu(s, a, h, act.used); err != nil {
+		return fail(err)
+	}
+	l.mark(s, "swiglu")
+	if err := act.keep(s, &act.h, ActWi, h); err != nil {
+		return fail(err)
+	}
+	if err := gemm.RaggedDot(s, yp, a, p.W2, act.counts, o); err != nil {
+		return fail(err)
+	}
+	l.mark(s, "gemm")
+	if err := act.keep(s, &act.a, ActSwiGLU, a); err != nil {
+		return fail(err)
+	}
+	var ys *device.Tensor
+	if c.SharedFFN > 0 {
+		if ys, err = l.sharedForward(s, act); err != nil {
+			return fail(err)
+		}
+		defer ys.Free()
+		l.mark(s, "shared")
+	}
+	if c.EP == nil {
+		pm := act.Perm
+		err = unpermute(s, y, yp, act.Routing.Weight, pm.Row, pm.TopK, pm.Rows, ys)
+	} else {
+		var out *device.Tensor
+		if out, err = act.Layout.Combine(s, yp, act.weights); err == nil {
+			err = unpermute(s, y, out, nil, nil, 1, T, ys)
+			out.Free()
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	l.mark(s, "combine")
+	if err := act.keep(s, &act.yp, ActWo, yp); err != nil {
+		return fail(err)
+	}
+	return act, nil
+}
