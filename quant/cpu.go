@@ -28,18 +28,18 @@ func bytesOf(t *device.Tensor) []uint8 {
 }
 
 // cpuTiles computes q's tile descriptors from the group sizes (nil: no groups) and
-// stores them, and the status, in q's tensors when q is grouped.
-func cpuTiles(q *MXFP8, sizes *device.Tensor) []tile {
+// stores them in q's tensors when q is grouped, recording invalid sizes in st.
+func cpuTiles(q *MXFP8, sizes *device.Tensor, st *device.Status) []tile {
 	if sizes == nil {
 		ts, _ := q.g.tiles(nil)
 		return ts
 	}
-	ts, st := q.g.tiles(device.Slice[int32](sizes))
+	ts, code := q.g.tiles(device.Slice[int32](sizes))
 	d := device.Slice[int32](q.tiles)
 	for t, tl := range ts {
 		d[4*t], d[4*t+1], d[4*t+2], d[4*t+3] = tl.row0, tl.nrows, tl.p4, tl.cg
 	}
-	device.Slice[int32](q.status)[0] = st
+	recordStatus(st, code, q.M)
 	return ts
 }
 
@@ -57,9 +57,9 @@ func storedTiles(q *MXFP8) []tile {
 	return ts
 }
 
-func quantizeCPU(s *device.Stream, q *MXFP8, x *device.Tensor, sizes *device.Tensor) error {
+func quantizeCPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device.Status) error {
 	return s.EnqueueCPU(func() {
-		ts := cpuTiles(q, sizes)
+		ts := cpuTiles(q, sizes, st)
 		in := source(x)
 		rq, rs, cq, cs := bytesOf(q.Row), bytesOf(q.RowScale), bytesOf(q.Col), bytesOf(q.ColScale)
 		g, f, mode, swz := q.g, q.Format, q.Mode, q.Swizzled

@@ -10,41 +10,19 @@ import (
 //go:embed kernels/mxfp8.cu
 var mxfp8Src string
 
-// Kernels is the program of the package's CUDA kernels (kernels/mxfp8.cu), which use
+// kernels is the program of the package's CUDA kernels (kernels/mxfp8.cu), which use
 // the hardware FP8 conversion on sm_89 and later.
-var Kernels = device.NewProgram("mxfp8.cu", mxfp8Src)
+var kernels = device.NewProgram("mxfp8.cu", mxfp8Src)
 
-// softKernels is Kernels with the software element conversion of dtype.cuh; tests run
+// softKernels is kernels with the software element conversion of dtype.cuh; tests run
 // both against the CPU.
 var softKernels = device.NewProgram("mxfp8.cu", mxfp8Src, "-DDL_MX_HW_CVT=0")
 
 // Kernel selection, changed by tests only.
 var (
-	program      = Kernels
+	program      = kernels
 	forceGeneral = false // use the general quantization kernel even where the fast one applies
 )
-
-// ptrArg returns t for a kernel argument, or a null pointer for nil.
-func ptrArg(t *device.Tensor) any {
-	if t == nil {
-		return uint64(0)
-	}
-	return t
-}
-
-func dtypeName(dt device.DType) string {
-	if dt == device.BF16 {
-		return "bf16"
-	}
-	return "f32"
-}
-
-func b2i(b bool) int32 {
-	if b {
-		return 1
-	}
-	return 0
-}
 
 // fastOK reports whether the fast kernel applies: K a multiple of 32, the source
 // 16-byte aligned, the data outputs 8-byte aligned.
@@ -53,17 +31,19 @@ func fastOK(q *MXFP8, x *device.Tensor) bool {
 	return !forceGeneral && q.K%blockSize == 0 && al(x, 16) && al(q.Row, 8) && al(q.Col, 8)
 }
 
-func quantizeGPU(s *device.Stream, q *MXFP8, x *device.Tensor, sizes *device.Tensor) error {
+// quantizeGPU enqueues the quantization of x into q on s; with group sizes, invalid
+// ones are recorded in st.
+func quantizeGPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device.Status) error {
 	d := s.Device()
 	g := q.g
-	tiles := ptrArg(nil)
+	var tiles *device.Tensor
 	if sizes != nil {
 		k, err := d.Kernel(program, "dl_mx_groups")
 		if err != nil {
 			return err
 		}
 		if err := k.Launch(s, device.D1(1), device.D1(1024), 0, sizes, int32(sizes.Len()), int32(g.m), int32(g.ntiles),
-			q.gtab, q.tiles, q.status); err != nil {
+			q.gtab, q.tiles, st); err != nil {
 			return err
 		}
 		tiles = q.tiles
@@ -81,17 +61,17 @@ func quantizeGPU(s *device.Stream, q *MXFP8, x *device.Tensor, sizes *device.Ten
 	if grid == 0 {
 		return nil
 	}
-	args := []any{x, ptrArg(q.Row), ptrArg(q.RowScale), ptrArg(q.Col), ptrArg(q.ColScale), tiles,
+	args := []any{x, q.Row, q.RowScale, q.Col, q.ColScale, tiles,
 		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp),
-		q.Format.rcp(), int32(q.Format.emax()), b2i(q.Mode == FLOOR), b2i(q.Swizzled)}
+		q.Format.rcp(), int32(q.Format.emax()), q.Mode == FLOOR, q.Swizzled}
 	var name string
 	threads := 256
 	if fastOK(q, x) {
-		name = fmt.Sprintf("dl_mxq_%s_%s_%s", dtypeName(x.DType()), q.Format, map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir])
+		name = fmt.Sprintf("dl_mxq_%s_%s_%s", x.DType(), q.Format, map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir])
 		threads = 128
 	} else {
-		name = fmt.Sprintf("dl_mxq_gen_%s_%s", dtypeName(x.DType()), q.Format)
-		args = append(args, b2i(q.Dir.rows()), b2i(q.Dir.cols()))
+		name = fmt.Sprintf("dl_mxq_gen_%s_%s", x.DType(), q.Format)
+		args = append(args, q.Dir.rows(), q.Dir.cols())
 	}
 	k, err := d.Kernel(program, name)
 	if err != nil {
@@ -106,10 +86,10 @@ func dequantizeGPU(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction
 	if grid == 0 || g.k == 0 {
 		return nil
 	}
-	k, err := s.Device().Kernel(program, fmt.Sprintf("dl_mxdq_%s_%s", dtypeName(dst.DType()), q.Format))
+	k, err := s.Device().Kernel(program, fmt.Sprintf("dl_mxdq_%s_%s", dst.DType(), q.Format))
 	if err != nil {
 		return err
 	}
-	return k.Launch(s, device.D1(grid), device.D1(256), 0, dst, data, scale, ptrArg(q.tiles),
-		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp), b2i(q.Swizzled), b2i(dir == Columnwise))
+	return k.Launch(s, device.D1(grid), device.D1(256), 0, dst, data, scale, q.tiles,
+		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp), q.Swizzled, dir == Columnwise)
 }

@@ -33,7 +33,7 @@
 // dequantize to ±Inf again (Max·2^127 overflows float32), while the finite elements of
 // that block, scaled by 2^-127, mostly flush to zero. Quantize never writes the NaN
 // scale 0xFF, and padding scales are 0, except that a quantization whose group sizes
-// were invalid sets every element to 0x7F and every scale to 0xFF (see MXFP8.Err).
+// were invalid sets every element to 0x7F and every scale to 0xFF (see Options.Status).
 //
 // # Layouts
 //
@@ -67,7 +67,8 @@
 // [4·P_g, 4·P_g + roundup(ceil(M_g/32), 4)), swizzled as a tensor of their own, where
 // P_g = Σ_{h<g} ceil(M_h/128). So that shapes do not depend on the sizes, T is the
 // bound 4·(floor(M/128) + min(G, M)); scale rows after the last group are padding.
-// Group sizes are checked on the device; see MXFP8.Err.
+// Group sizes are checked on the device and invalid ones recorded in a device.Status:
+// Options.Status, or the MXFP8's own Status.
 //
 // # Performance
 //

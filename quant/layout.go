@@ -48,13 +48,13 @@ func (g geom) check() error {
 	const lim = 1<<31 - 1
 	switch {
 	case g.m > lim-256:
-		return fmt.Errorf("quant: %d rows: at most %d", g.m, lim-256)
+		return fmt.Errorf("m = %d rows: want at most %d", g.m, lim-256)
 	case g.kp > lim:
-		return fmt.Errorf("quant: %d columns: at most %d", g.k, lim-127)
+		return fmt.Errorf("k = %d columns: want at most %d", g.k, lim-127)
 	case g.ntiles > lim/32:
-		return fmt.Errorf("quant: %d rows in %d groups: more than 2^31 scale rows", g.m, g.groups)
+		return fmt.Errorf("%d rows in %d groups: more than 2^31 scale rows", g.m, g.groups)
 	case g.ncolt > 0 && g.ntiles > lim/g.ncolt:
-		return fmt.Errorf("quant: %d×%d: more than 2^31 kernel blocks", g.m, g.k)
+		return fmt.Errorf("%d×%d: more than 2^31 kernel blocks", g.m, g.k)
 	}
 	return nil
 }
@@ -85,7 +85,8 @@ func (g geom) colScaleOff(swz bool, t, j, p4, cg int) int {
 // and −1 invalid group sizes. The tile's group starts at tile p4 and spans cg tiles.
 type tile struct{ row0, nrows, p4, cg int32 }
 
-// Status codes of group-size validation, as the kernels write them.
+// Status codes of group-size validation, the codes of its device.Status records (see
+// status.go).
 const (
 	statusOK       = 0
 	statusNegative = 1 // a size is negative
@@ -135,17 +136,4 @@ func (g geom) tiles(sizes []int32) ([]tile, int32) {
 		ts[t] = tile{int32(g.m), 0, int32(p4), int32(g.ntiles - p4)}
 	}
 	return ts, statusOK
-}
-
-// statusError returns the error of a group-size status code.
-func statusError(st int32, m int) error {
-	switch st {
-	case statusOK:
-		return nil
-	case statusNegative:
-		return fmt.Errorf("quant: invalid GroupSizes: a size is negative; the outputs were set to NaN")
-	case statusSum:
-		return fmt.Errorf("quant: invalid GroupSizes: the sizes do not sum to the %d rows of x; the outputs were set to NaN", m)
-	}
-	return fmt.Errorf("quant: invalid GroupSizes (status %d); the outputs were set to NaN", st)
 }

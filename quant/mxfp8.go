@@ -3,6 +3,7 @@ package quant
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/dropless/dropless/device"
 )
@@ -18,10 +19,15 @@ type Options struct {
 	// GroupSizes, if not nil, is an I32[G] tensor on the source's device: the rows of x
 	// are G consecutive groups of these sizes (experts' tokens), and every output is the
 	// concatenation of what Quantize gives on each group alone. Its contents are read on
-	// the device, in stream order; sizes that are negative or do not sum to M are
-	// reported by MXFP8.Err and turn every element into the NaN code 0x7F and every
-	// scale into the NaN code 0xFF.
+	// the device, in stream order; sizes that are negative or do not sum to M turn
+	// every element into the NaN code 0x7F and every scale into the NaN code 0xFF, and
+	// are recorded in Status.
 	GroupSizes *device.Tensor
+
+	// Status, if not nil, is where invalid group sizes are recorded: a device.Status on
+	// the source's device, which calls of this and other packages may share, to be
+	// checked once with its Check. Nil means the MXFP8's own Status.
+	Status *device.Status
 }
 
 // MXFP8 is a tensor quantized to MXFP8 by Quantize: elements of Format with one E8M0
@@ -41,38 +47,57 @@ type MXFP8 struct {
 	// Col is the columnwise data, Format.DType() [M, K] in the source's element order;
 	// ColScale its E8M0 scales, [T, roundup(K, 128)]. Nil unless Dir is Columnwise or Both.
 	Col, ColScale *device.Tensor
+	// Status records the invalid group sizes of quantizations into q with a nil
+	// Options.Status: the first one until Status.Reset, as an error of Status.Check,
+	// the only call that waits for the device. Nil without groups; Free frees it.
+	Status *device.Status
 
 	grouped bool
 	g       geom
 	tiles   *device.Tensor // I32[T, 4] tile descriptors (grouped only)
 	gtab    *device.Tensor // I32[2·(G+1)] per-group scratch of the GPU (grouped GPU only)
-	status  *device.Tensor // I32[1] group-size validation status (grouped only)
 }
 
 // Tiles returns T, the number of 32-row tiles of q's layout: ceil(M/128)·4 without
-// groups, 4·(floor(M/128) + min(G, M)) with G groups.
-func (q *MXFP8) Tiles() int { return q.g.ntiles }
+// groups, 4·(floor(M/128) + min(G, M)) with G groups; 0 for a nil q.
+func (q *MXFP8) Tiles() int {
+	if q == nil {
+		return 0
+	}
+	return q.g.ntiles
+}
 
 // Alloc allocates, on s, an MXFP8 for an m×k source quantized with opt, for
 // QuantizeInto. With opt.GroupSizes the layout has room for opt.GroupSizes.Len()
-// groups; the sizes themselves are read by QuantizeInto.
+// groups; the sizes themselves are read by QuantizeInto. The tensors are new: they
+// share no memory with any other.
 func Alloc(s *device.Stream, m, k int, opt Options) (*MXFP8, error) {
-	if err := checkOptions(s, opt); err != nil {
+	const fn = "Alloc"
+	if s == nil {
+		return nil, fmt.Errorf("quant: %s: nil stream", fn)
+	}
+	if err := checkOptions(fn, s, opt); err != nil {
 		return nil, err
 	}
 	if m < 0 || k < 0 {
-		return nil, fmt.Errorf("quant: Alloc: shape %d×%d: want m, k ≥ 0", m, k)
+		return nil, fmt.Errorf("quant: %s: shape m×k = %d×%d: want m, k ≥ 0", fn, m, k)
 	}
+	return alloc(fn, s, m, k, opt, fmt.Sprintf("shape m×k = %d×%d", m, k))
+}
+
+// alloc is Alloc for fn, whose options are checked, of an m×k source that what
+// describes.
+func alloc(fn string, s *device.Stream, m, k int, opt Options, what string) (*MXFP8, error) {
 	groups := 0
 	if opt.GroupSizes != nil {
 		groups = opt.GroupSizes.Len()
 		if groups == 0 && m > 0 {
-			return nil, fmt.Errorf("quant: opt.GroupSizes has no groups for %d rows", m)
+			return nil, fmt.Errorf("quant: %s: opt.GroupSizes is %v: no groups for %d rows", fn, opt.GroupSizes, m)
 		}
 	}
 	g := newGeom(m, k, groups, opt.GroupSizes != nil)
 	if err := g.check(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("quant: %s: %s: %w", fn, what, err)
 	}
 	q := &MXFP8{M: m, K: k, Format: opt.Format, Mode: opt.Mode, Dir: opt.Dir, Swizzled: opt.Swizzle, Groups: groups, grouped: opt.GroupSizes != nil, g: g}
 	var err error
@@ -94,58 +119,97 @@ func Alloc(s *device.Stream, m, k int, opt Options) (*MXFP8, error) {
 	}
 	if q.grouped {
 		q.tiles = alloc(device.I32, g.ntiles, 4)
-		q.status = alloc(device.I32, 1)
 		if s.Device().IsCUDA() {
 			q.gtab = alloc(device.I32, 2*(groups+1))
+		}
+		if err == nil {
+			q.Status, err = device.NewStatus(s)
 		}
 	}
 	if err != nil {
 		q.Free()
-		return nil, fmt.Errorf("quant: Alloc %d×%d: %w", m, k, err)
+		return nil, fmt.Errorf("quant: %s: %s: %w", fn, what, err)
 	}
 	return q, nil
 }
 
-// Free releases q's tensors (see device.Tensor.Free).
+// Free releases q's tensors and Status (see device.Tensor.Free). Freeing a nil q does
+// nothing.
 func (q *MXFP8) Free() error {
-	var errs []error
-	for _, t := range []*device.Tensor{q.Row, q.RowScale, q.Col, q.ColScale, q.tiles, q.gtab, q.status} {
-		if t != nil {
-			errs = append(errs, t.Free())
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Err waits for the work on s and returns an error if the group sizes of the last
-// quantization into q were invalid (negative, or not summing to M). It is the only
-// call of the package that waits for the device; nil for layouts without groups.
-func (q *MXFP8) Err(s *device.Stream) error {
-	if q.status == nil {
+	if q == nil {
 		return nil
 	}
-	st := make([]int32, 1)
-	if err := device.Download(s, q.status, st); err != nil {
-		return err
+	return errors.Join(device.FreeAll(q.Row, q.RowScale, q.Col, q.ColScale, q.tiles, q.gtab), q.Status.Free())
+}
+
+// check returns an error of fn unless q is as Alloc made it (but for Mode and
+// Swizzled, which calls may change) and its tensors of direction use are there and
+// live on s's device.
+func (q *MXFP8) check(fn string, s *device.Stream, use Direction) error {
+	if q == nil {
+		return fmt.Errorf("quant: %s: q is nil", fn)
 	}
-	return statusError(st[0], q.M)
+	if q.M != q.g.m || q.K != q.g.k || q.Groups != q.g.groups || !q.Format.valid() || !q.Dir.valid() {
+		return fmt.Errorf("quant: %s: q is %d×%d %v %v with %d groups, allocated as %d×%d with %d: want q as Alloc made it",
+			fn, q.M, q.K, q.Format, q.Dir, q.Groups, q.g.m, q.g.k, q.g.groups)
+	}
+	for _, c := range []struct {
+		name  string
+		t     *device.Tensor
+		used  bool
+		dt    device.DType
+		shape []int
+	}{
+		{"q.Row", q.Row, use.rows(), q.Format.DType(), []int{q.M, q.K}},
+		{"q.RowScale", q.RowScale, use.rows(), device.E8M0, q.g.rowScaleShape()},
+		{"q.Col", q.Col, use.cols(), q.Format.DType(), []int{q.M, q.K}},
+		{"q.ColScale", q.ColScale, use.cols(), device.E8M0, q.g.colScaleShape()},
+	} {
+		if !c.used {
+			continue
+		}
+		if c.t == nil {
+			return fmt.Errorf("quant: %s: %s is nil, q.Dir is %v", fn, c.name, q.Dir)
+		}
+		if err := c.t.Check(s, c.name); err != nil {
+			return fmt.Errorf("quant: %s: %w", fn, err)
+		}
+		if c.t.DType() != c.dt || !slices.Equal(c.t.Shape(), c.shape) {
+			return fmt.Errorf("quant: %s: %s is %v: want %v%v", fn, c.name, c.t, c.dt, c.shape)
+		}
+	}
+	if q.grouped && q.tiles == nil {
+		return fmt.Errorf("quant: %s: q has a grouped layout without its tile table: want q as Alloc made it", fn)
+	}
+	for _, t := range []*device.Tensor{q.tiles, q.gtab} {
+		if t != nil {
+			if err := t.Check(s, "q's tile table"); err != nil {
+				return fmt.Errorf("quant: %s: %w", fn, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Quantize quantizes x, a BF16 or F32 [M, K] tensor, to MXFP8 as opt says, enqueued on
-// s. Outputs are allocated on s. On a GPU it does not wait for the device: group sizes
-// stay there.
+// s. Outputs are allocated on s: they share no memory with x. On a GPU it does not
+// wait for the device: group sizes stay there.
 func Quantize(s *device.Stream, x *device.Tensor, opt Options) (*MXFP8, error) {
-	if err := x.Check(s, "Quantize source x"); err != nil {
+	const fn = "Quantize"
+	if s == nil {
+		return nil, fmt.Errorf("quant: %s: nil stream", fn)
+	}
+	if err := checkOptions(fn, s, opt); err != nil {
 		return nil, err
 	}
-	if x.Rank() != 2 {
-		return nil, fmt.Errorf("quant: Quantize: source x is %v: want rank 2 [M, K]", x)
+	if err := checkSource(fn, s, x); err != nil {
+		return nil, err
 	}
-	q, err := Alloc(s, x.Dim(0), x.Dim(1), opt)
+	q, err := alloc(fn, s, x.Dim(0), x.Dim(1), opt, "x is "+x.String())
 	if err != nil {
 		return nil, err
 	}
-	if err := QuantizeInto(s, q, x, opt); err != nil {
+	if err := quantizeInto(fn, s, q, x, opt); err != nil {
 		q.Free()
 		return nil, err
 	}
@@ -155,71 +219,96 @@ func Quantize(s *device.Stream, x *device.Tensor, opt Options) (*MXFP8, error) {
 // QuantizeInto is Quantize into q, which Alloc made for x's shape and opt's format,
 // direction, swizzle and grouping (opt.GroupSizes may hold fewer groups than q.Groups,
 // and may differ from call to call). It allocates nothing: for training loops and
-// benchmarks.
+// benchmarks. q's tensors must not overlap x or opt.GroupSizes.
 func QuantizeInto(s *device.Stream, q *MXFP8, x *device.Tensor, opt Options) error {
-	if err := checkOptions(s, opt); err != nil {
+	return quantizeInto("QuantizeInto", s, q, x, opt)
+}
+
+// quantizeInto is QuantizeInto for fn.
+func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt Options) error {
+	if s == nil {
+		return fmt.Errorf("quant: %s: nil stream", fn)
+	}
+	if err := checkOptions(fn, s, opt); err != nil {
 		return err
 	}
 	if q == nil {
-		return errors.New("quant: QuantizeInto: q is nil")
+		return fmt.Errorf("quant: %s: q is nil", fn)
 	}
-	if err := x.Check(s, "QuantizeInto source x"); err != nil {
+	if err := q.check(fn, s, q.Dir); err != nil {
 		return err
 	}
-	if dt := x.DType(); dt != device.BF16 && dt != device.F32 {
-		return fmt.Errorf("quant: source x is %v: want bf16 or f32", x)
+	if (q.Row != nil) != q.Dir.rows() || (q.Col != nil) != q.Dir.cols() {
+		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v", fn, q.Dir)
 	}
-	if x.Rank() != 2 || x.Dim(0) != q.M || x.Dim(1) != q.K {
-		return fmt.Errorf("quant: source x is %v: want [%d %d], the shape q was allocated for", x, q.M, q.K)
+	if err := checkSource(fn, s, x); err != nil {
+		return err
 	}
-	switch {
+	if x.Dim(0) != q.M || x.Dim(1) != q.K {
+		return fmt.Errorf("quant: %s: x is %v: want [%d %d], the shape q was allocated for", fn, x, q.M, q.K)
+	}
+	switch gs := opt.GroupSizes; {
 	case opt.Format != q.Format:
-		return fmt.Errorf("quant: opt.Format %v, q holds %v", opt.Format, q.Format)
+		return fmt.Errorf("quant: %s: opt.Format is %v, q holds %v", fn, opt.Format, q.Format)
 	case opt.Dir != q.Dir:
-		return fmt.Errorf("quant: opt.Dir %v, q holds %v", opt.Dir, q.Dir)
+		return fmt.Errorf("quant: %s: opt.Dir is %v, q holds %v", fn, opt.Dir, q.Dir)
 	case opt.Swizzle != q.Swizzled:
-		return fmt.Errorf("quant: opt.Swizzle %v, q has Swizzled %v", opt.Swizzle, q.Swizzled)
-	case opt.GroupSizes == nil && q.grouped:
-		return errors.New("quant: opt.GroupSizes is nil, q has a grouped layout")
-	case opt.GroupSizes != nil && !q.grouped:
-		return errors.New("quant: opt.GroupSizes is set, q has an ungrouped layout")
-	case opt.GroupSizes != nil && opt.GroupSizes.Len() > q.Groups:
-		return fmt.Errorf("quant: opt.GroupSizes has %d groups, q has room for %d", opt.GroupSizes.Len(), q.Groups)
-	case opt.GroupSizes != nil && opt.GroupSizes.Len() == 0 && q.M > 0:
-		return fmt.Errorf("quant: opt.GroupSizes has no groups for %d rows", q.M)
+		return fmt.Errorf("quant: %s: opt.Swizzle is %v, q has Swizzled %v", fn, opt.Swizzle, q.Swizzled)
+	case gs == nil && q.grouped:
+		return fmt.Errorf("quant: %s: opt.GroupSizes is nil, q has a grouped layout", fn)
+	case gs != nil && !q.grouped:
+		return fmt.Errorf("quant: %s: opt.GroupSizes is %v, q has an ungrouped layout", fn, gs)
+	case gs != nil && gs.Len() > q.Groups:
+		return fmt.Errorf("quant: %s: opt.GroupSizes is %v, q has room for %d groups", fn, gs, q.Groups)
+	case gs != nil && gs.Len() == 0 && q.M > 0:
+		return fmt.Errorf("quant: %s: opt.GroupSizes is %v: no groups for %d rows", fn, gs, q.M)
 	}
-	for _, t := range []*device.Tensor{q.Row, q.RowScale, q.Col, q.ColScale, q.tiles, q.gtab, q.status} {
-		if t != nil {
-			if err := t.Check(s, "QuantizeInto output"); err != nil {
-				return err
-			}
+	st := opt.Status
+	if st == nil && q.grouped {
+		if err := q.Status.Usable(s, "q.Status"); err != nil {
+			return fmt.Errorf("quant: %s: %w", fn, err)
 		}
-	}
-	if (q.Row == nil) == q.Dir.rows() || (q.Col == nil) == q.Dir.cols() {
-		return fmt.Errorf("quant: q's tensors do not match its direction %v", q.Dir)
+		st = q.Status
 	}
 	q.Mode = opt.Mode
 	if s.Device().IsCUDA() {
-		return quantizeGPU(s, q, x, opt.GroupSizes)
+		return quantizeGPU(s, q, x, opt.GroupSizes, st)
 	}
-	return quantizeCPU(s, q, x, opt.GroupSizes)
+	return quantizeCPU(s, q, x, opt.GroupSizes, st)
 }
 
-func checkOptions(s *device.Stream, opt Options) error {
+// checkSource returns an error of fn unless x is a live BF16 or F32 matrix on s's device.
+func checkSource(fn string, s *device.Stream, x *device.Tensor) error {
+	if err := x.Check(s, "x"); err != nil {
+		return fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	if dt := x.DType(); (dt != device.BF16 && dt != device.F32) || x.Rank() != 2 {
+		return fmt.Errorf("quant: %s: x is %v: want bf16 or f32 [M, K]", fn, x)
+	}
+	return nil
+}
+
+// checkOptions returns an error of fn unless opt's fields are valid on s.
+func checkOptions(fn string, s *device.Stream, opt Options) error {
 	switch {
 	case !opt.Format.valid():
-		return fmt.Errorf("quant: opt.Format %v: want E4M3 or E5M2", opt.Format)
+		return fmt.Errorf("quant: %s: opt.Format is %v: want E4M3 or E5M2", fn, opt.Format)
 	case !opt.Mode.valid():
-		return fmt.Errorf("quant: opt.Mode %v: want RCEIL or FLOOR", opt.Mode)
+		return fmt.Errorf("quant: %s: opt.Mode is %v: want RCEIL or FLOOR", fn, opt.Mode)
 	case !opt.Dir.valid():
-		return fmt.Errorf("quant: opt.Dir %v: want Rowwise, Columnwise or Both", opt.Dir)
+		return fmt.Errorf("quant: %s: opt.Dir is %v: want Rowwise, Columnwise or Both", fn, opt.Dir)
 	}
 	if gs := opt.GroupSizes; gs != nil {
 		if err := gs.Check(s, "opt.GroupSizes"); err != nil {
-			return err
+			return fmt.Errorf("quant: %s: %w", fn, err)
 		}
 		if gs.DType() != device.I32 || gs.Rank() != 1 {
-			return fmt.Errorf("quant: opt.GroupSizes is %v: want i32[G]", gs)
+			return fmt.Errorf("quant: %s: opt.GroupSizes is %v: want i32[G]", fn, gs)
+		}
+	}
+	if opt.Status != nil {
+		if err := opt.Status.Usable(s, "opt.Status"); err != nil {
+			return fmt.Errorf("quant: %s: %w", fn, err)
 		}
 	}
 	return nil
@@ -228,19 +317,15 @@ func checkOptions(s *device.Stream, opt Options) error {
 // Dequantize writes q's rowwise (dir Rowwise) or columnwise (dir Columnwise) values
 // into dst, a BF16 or F32 [M, K] tensor, enqueued on s: element·2^(scale−127) computed
 // exactly in float32, then rounded once to dst's dtype. NaN elements and NaN scales give
-// NaN; rows of a quantization with invalid group sizes are all NaN.
+// NaN; rows of a quantization with invalid group sizes are all NaN. dst must not
+// overlap q's tensors.
 func Dequantize(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction) error {
+	const fn = "Dequantize"
+	if s == nil {
+		return fmt.Errorf("quant: %s: nil stream", fn)
+	}
 	if q == nil {
-		return errors.New("quant: Dequantize: q is nil")
-	}
-	if err := dst.Check(s, "Dequantize destination dst"); err != nil {
-		return err
-	}
-	if dt := dst.DType(); dt != device.BF16 && dt != device.F32 {
-		return fmt.Errorf("quant: Dequantize destination dst is %v: want bf16 or f32", dst)
-	}
-	if dst.Rank() != 2 || dst.Dim(0) != q.M || dst.Dim(1) != q.K {
-		return fmt.Errorf("quant: Dequantize destination dst is %v: want [%d %d]", dst, q.M, q.K)
+		return fmt.Errorf("quant: %s: q is nil", fn)
 	}
 	var data, scale *device.Tensor
 	switch dir {
@@ -249,17 +334,19 @@ func Dequantize(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction) e
 	case Columnwise:
 		data, scale = q.Col, q.ColScale
 	default:
-		return fmt.Errorf("quant: Dequantize direction %v: want Rowwise or Columnwise", dir)
+		return fmt.Errorf("quant: %s: dir is %v: want Rowwise or Columnwise", fn, dir)
 	}
-	if data == nil || scale == nil {
-		return fmt.Errorf("quant: Dequantize %v: q holds %v data only", dir, q.Dir)
+	if data == nil {
+		return fmt.Errorf("quant: %s: dir is %v: q holds %v data only", fn, dir, q.Dir)
 	}
-	for _, t := range []*device.Tensor{data, scale, q.tiles} {
-		if t != nil {
-			if err := t.Check(s, "Dequantize operand q"); err != nil {
-				return err
-			}
-		}
+	if err := q.check(fn, s, dir); err != nil {
+		return err
+	}
+	if err := dst.Check(s, "dst"); err != nil {
+		return fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	if dt := dst.DType(); (dt != device.BF16 && dt != device.F32) || dst.Rank() != 2 || dst.Dim(0) != q.M || dst.Dim(1) != q.K {
+		return fmt.Errorf("quant: %s: dst is %v: want bf16 or f32 [%d %d]", fn, dst, q.M, q.K)
 	}
 	if s.Device().IsCUDA() {
 		return dequantizeGPU(s, dst, q, dir, data, scale)

@@ -319,7 +319,7 @@ func filled(v float32) []float32 {
 	return b
 }
 
-// TestInvalidGroups checks that bad group sizes are reported by Err and turn every
+// TestInvalidGroups checks that bad group sizes are recorded in q.Status and turn every
 // output into NaN, and that a later valid quantization into the same q recovers.
 func TestInvalidGroups(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
@@ -335,8 +335,8 @@ func TestInvalidGroups(t *testing.T) {
 				opt := Options{Dir: Both, GroupSizes: groupTensor(t, s, c.sizes)}
 				got, q := quantBytes(t, s, x, opt)
 				restore()
-				if err := q.Err(s); err == nil || !strings.Contains(err.Error(), c.want) {
-					t.Errorf("%s sizes %v: Err() = %v, want an error about %q", v.name, c.sizes, err, c.want)
+				if err := q.Status.Check(s); err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("%s sizes %v: Status.Check() = %v, want an error about %q", v.name, c.sizes, err, c.want)
 				}
 				for name, b := range map[string][]byte{"Row": got.row, "Col": got.col} {
 					if i := strings.IndexFunc(string(b), func(r rune) bool { return r != 0x7f }); i >= 0 {
@@ -359,8 +359,9 @@ func TestInvalidGroups(t *testing.T) {
 					}
 				}
 				opt.GroupSizes = groupTensor(t, s, []int32{13, 20})
+				dt.NoErr(t, q.Status.Reset(s))
 				dt.NoErr(t, QuantizeInto(s, q, x, opt))
-				dt.NoErr(t, q.Err(s))
+				dt.NoErr(t, q.Status.Check(s))
 				y.Free()
 				q.Free()
 			}

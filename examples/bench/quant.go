@@ -13,17 +13,17 @@ import (
 // counting the bytes of the source and of every output tensor (scale padding included).
 func (b *bench) quant(m, k int) ([]row, error) {
 	s := b.s
-	ts := &tensors{s: s}
-	defer ts.free()
+	ts := newTensors(s)
+	defer ts.Free()
 	x := ts.random(4, 1, device.BF16, m, k)
-	if ts.err != nil {
-		return nil, ts.err
+	if err := ts.Err(); err != nil {
+		return nil, err
 	}
 	sizes, err := device.FromSlice(s, device.I32, baseline.ZipfSizes(128, m, 1), 128)
 	if err != nil {
 		return nil, err
 	}
-	ts.all = append(ts.all, sizes)
+	ts.Add(sizes)
 	var rows []row
 	for _, c := range []struct {
 		name, base string
@@ -44,8 +44,8 @@ func (b *bench) quant(m, k int) ([]row, error) {
 			}
 		}
 		t, err := b.time(func() error { return quant.QuantizeInto(s, q, x, c.opt) })
-		if err == nil {
-			err = q.Err(s)
+		if err == nil && q.Status != nil {
+			err = q.Status.Check(s)
 		}
 		q.Free()
 		if err != nil {

@@ -10,7 +10,7 @@
 // tile's rows [row0, row0 + 32) get NaN codes 0x7F and its scales 0xFF) and
 // where its group's tiles start (p4) and how many there are (cg); without groups the
 // descriptors are computed (tiles == 0).
-#include "dtype.cuh"
+#include "dl.cuh"
 
 // DL_MX_HW_CVT selects the element conversion: 1 (the default) uses the instruction
 // cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 of sm_89 and later, 0 the branch-free software
@@ -23,14 +23,8 @@
 #define DL_MX_HW_CVT 1
 #endif
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
 #define DL_MX_E4M3 0
 #define DL_MX_E5M2 1
-#define DL_MX_FULL 0xffffffffu
 
 // dl_mx_sw_e4m3 is dl_f32_to_e4m3 without branches. Codes from 2^-6 up round the
 // float32 bits at bit 20; below, float32 addition to 2^14 (whose ulp is 2^-9, the unit
@@ -270,8 +264,8 @@ __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restr
             for (int e = 0; e < 8; e++) {
                 a = fmaxf(a, fabsf(f[e]));
             }
-            a = fmaxf(a, __shfl_xor_sync(DL_MX_FULL, a, 1));
-            a = fmaxf(a, __shfl_xor_sync(DL_MX_FULL, a, 2));
+            a = fmaxf(a, __shfl_xor_sync(DL_FULL, a, 1));
+            a = fmaxf(a, __shfl_xor_sync(DL_FULL, a, 2));
             const u32 c = dl_mx_code(a, rcp, emax, floor_mode);
             const bool rv = r < d.nrows;
             if (rv && cv) {
@@ -367,10 +361,7 @@ __device__ __forceinline__ void dl_mx_general(const In *__restrict__ x, u8 *__re
         const int nbk = (K + 31) >> 5;
         const int blk = gj >> 5;
         for (int r = 0; r < 32; r++) {
-            float a = fmaxf(0.f, fabsf(v[r][j])); // NaN leaves amax alone, as in the fast kernel
-            for (int o = 16; o > 0; o >>= 1) {
-                a = fmaxf(a, __shfl_xor_sync(DL_MX_FULL, a, o));
-            }
+            const float a = dl_warp_max(fmaxf(0.f, fabsf(v[r][j]))); // NaN leaves amax alone, as in the fast kernel
             const u32 c = dl_mx_code(a, rcp, emax, floor_mode);
             const bool rv = r < d.nrows;
             if (rv && cv) {
@@ -446,13 +437,18 @@ __device__ __forceinline__ void dl_mx_dequant(Out *__restrict__ y, const u8 *__r
     }
 }
 
+// The status record of invalid group sizes: quant's domain and op (quant/status.go),
+// the code 1 (a negative size) or 2 (sizes not summing to M), and M.
+#define DL_MX_STATUS_DOMAIN 2
+#define DL_MX_STATUS_OP 1
+
 // Tile descriptors of a grouped layout from the group sizes, on one block of 1024
 // threads: a scan of the sizes and of ceil(size/128), a check that no size is negative
-// and that they sum to M (status 0 ok, 1 negative, 2 wrong sum; descriptors
-// {32t, -1, 0, ntiles} then), per-group tile starts and row offsets in gtab
+// and that they sum to M (else recorded in status, null for none, and descriptors
+// {32t, -1, 0, ntiles}), per-group tile starts and row offsets in gtab
 // ([0, G]: 4*P_g, [G+1, 2G+1]: row offsets), then a binary search per tile.
 extern "C" __global__ void __launch_bounds__(1024) dl_mx_groups(const int *__restrict__ sizes, int G, int M,
-                                                                int ntiles, int *gtab, int4 *tiles, int *status)
+                                                                int ntiles, int *gtab, int4 *tiles, i64 *status)
 {
     __shared__ long long srows[1024];
     __shared__ long long squads[1024];
@@ -489,10 +485,10 @@ extern "C" __global__ void __launch_bounds__(1024) dl_mx_groups(const int *__res
     bad = __syncthreads_or(bad);
     const long long totRows = srows[nt - 1], totQuads = squads[nt - 1];
     const int st = bad ? 1 : (totRows != (long long)M ? 2 : 0);
-    if (tid == 0) {
-        status[0] = st;
-    }
     if (st != 0) {
+        if (tid == 0) {
+            dl_status_set(status, DL_STATUS_CODE(DL_MX_STATUS_DOMAIN, DL_MX_STATUS_OP, st), M, 0, 0);
+        }
         for (int t = tid; t < ntiles; t += nt) {
             tiles[t] = make_int4(32 * t, -1, 0, ntiles);
         }
