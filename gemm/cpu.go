@@ -45,7 +45,7 @@ type sizesError struct {
 }
 
 func (e *sizesError) Error() string {
-	return statusError([]int64{e.code | int64(e.op)<<8, e.g, e.value, int64(e.m)}).Error()
+	return device.StatusError(sizesRecord(e.op, e.code, e.g, e.value, int64(e.m))).Error()
 }
 
 // offsets returns the group row offsets off[0..G] of sizes, or the error.

@@ -20,31 +20,56 @@
 //
 // # Sizes stay on the device
 //
-// A GPU call enqueues two kernels on its stream and returns (its small workspace comes
-// from the stream-ordered pool and is freed in stream order): a one-block kernel reads
-// the sizes, checks them and writes the group offsets and the tile schedule into a
-// workspace; a persistent GEMM kernel then finds each tile's group from them. Nothing
-// is copied to the host and nothing waits, so a call can be captured in a Graph.
+// A GPU call enqueues its kernels on its stream and returns (its small workspace comes
+// from the stream-ordered pool and is freed in stream order). First a one-block plan
+// kernel reads the sizes, checks them and writes the group offsets and the tile
+// schedule into the workspace; then one GEMM kernel finds each tile's group from them.
+// The Hopper kernels of the forward and input-gradient forms put a third kernel
+// between the two, which zeroes the rows past sum(sizes) and the tile counter of the
+// GEMM's schedule: those calls enqueue three kernels, the others two (only the plan
+// when the output is empty). Nothing is copied to the host and nothing waits, so a
+// call can be captured in a Graph.
 // Invalid sizes (a negative size, or a sum past M) cannot then be returned as errors:
-// the kernels record them in a Status and write nothing. Pass Options.Status, or check
+// the kernels record them in a device.Status and write nothing. Pass Options.Status, or check
 // the device's own status with CheckStatus (and clear it with ResetStatus). On the CPU
 // a call returns the error at once; a CPU call replayed from a Graph records it like a
 // GPU call.
 //
+// # Aliasing
+//
+// The output (y, dx or dw) must not overlap any input (x, w, dy or sizes): the result
+// would be undefined. With Options.Accumulate dw is read as well as written. The inputs,
+// which are only read, may overlap one another.
+//
 // # Kernels
 //
-// bf16 operands run on tensor cores: mma.sync m16n8k16 with f32 accumulators, fed by
-// ldmatrix from a 4-stage cp.async shared-memory ring, 128×256 block tiles of 8 warps
-// (32×128 tiles of 4 warps when groups average fewer than 96 rows, so that each weight
-// byte is read about once). Tiles of a group are ordered row-tile fastest, so that
-// blocks sharing a weight tile run together; each block runs its tiles through one
-// pipeline, loading the next tile while it finishes the last, and skips the tensor-core
-// work of rows past its group's end 16 rows at a time. Unaligned shapes (K or N not a multiple of
-// 8, or unaligned views) take element loads instead of 16-byte copies. f32 operands run
-// an exact f32 FMA kernel; Options.TF32 is accepted and currently changes nothing.
-// Results are deterministic: each output element is summed by one thread in a fixed
-// order, with no split-K atomics. The kernels need compute capability 8.0 or newer;
-// they are tuned for the H100 and H200.
+// The GEMM kernel is, in order of preference:
+//
+//   - On the H100 and H200 (sm_90 with NVRTC that targets sm_90a), for bf16 operands
+//     with K and N multiples of 8, at most 1024 groups and 16-byte aligned operands:
+//     the Hopper kernels of gemm/internal/hopper, persistent and warp-specialized. One
+//     producer warp loads the operands of 128×256 output tiles by TMA into a
+//     shared-memory ring of 4 stages (3 in the weight gradient that stages its
+//     stores), and two consumer warpgroups run wgmma m64n256k16 on them with f32
+//     accumulators. The forward deals tile positions round-robin, spreading the tiles
+//     of short groups among the others, and its CTAs claim the last rounds of tiles
+//     from a per-call counter. The weight gradient contracts over each group's rows
+//     (ragged K). DROPLESS_GEMM_KERNEL=mma, read when the package is initialized,
+//     turns them off.
+//   - For the other bf16 calls (other GPUs, other shapes): mma.sync m16n8k16 with f32
+//     accumulators, fed by ldmatrix from a 4-stage cp.async shared-memory ring, 128×256
+//     block tiles of 8 warps (in the forward and input gradient, 32×128 tiles of 4
+//     warps when groups average fewer than 96 rows, so that each weight byte is read
+//     about once). Tiles of a group are ordered row-tile fastest, so that blocks
+//     sharing a weight tile run together; each block runs its tiles through one
+//     pipeline, loading the next tile while it finishes the last, and skips the
+//     tensor-core work of rows past its group's end 16 rows at a time. Unaligned
+//     shapes (K or N not a multiple of 8, or unaligned views) take element loads
+//     instead of 16-byte copies.
+//   - For f32 operands: an exact f32 FMA kernel, 64×64 block tiles.
+//
+// Results are deterministic: each output element is summed in a fixed order, with no
+// split-K atomics. The kernels need compute capability 8.0 or newer.
 //
 // On the CPU each group is one gonum Sgemm on f32 copies of the operands, groups in
 // parallel. It is the reference the GPU path is tested against.

@@ -27,13 +27,12 @@ func (l WeightLayout) String() string {
 	return fmt.Sprintf("WeightLayout(%d)", int(l))
 }
 
-// Options modify a call. The zero value (or a nil *Options) means layout KN, overwrite,
-// exact f32 products and the device's own Status.
+// Options modify a call. The zero value (or a nil *Options) means layout KN, overwrite
+// and the device's own Status.
 type Options struct {
-	Layout     WeightLayout // layout of w (RaggedDot, RaggedDotInputGrad) or of dw (RaggedDotWeightGrad)
-	Accumulate bool         // RaggedDotWeightGrad: dw += x_gᵀ·dy_g instead of dw = ...
-	TF32       bool         // allow tf32 tensor cores for f32 operands (default: exact f32 FMA; the current kernels are exact either way)
-	Status     *Status      // optional status that records invalid sizes; nil: the device's own (see CheckStatus)
+	Layout     WeightLayout   // layout of w (RaggedDot, RaggedDotInputGrad) or of dw (RaggedDotWeightGrad)
+	Accumulate bool           // RaggedDotWeightGrad: dw += x_gᵀ·dy_g instead of dw = ...
+	Status     *device.Status // optional status that records invalid sizes; nil: the device's own (see CheckStatus)
 }
 
 // form is one of the three ragged_dot forms.
@@ -62,7 +61,7 @@ type call struct {
 	f      form
 	layout WeightLayout
 	accum  bool
-	status *Status
+	status *device.Status
 
 	out, a, b, sizes *device.Tensor
 	// M: rows of x (and of y, dx, dy); K, N: the weight matrix's dimensions; G: groups.
@@ -81,6 +80,8 @@ type call struct {
 // are read only by the kernels, without a host synchronization: invalid sizes set the
 // Status (opt.Status, else the device's own, see CheckStatus) and the kernels write
 // nothing.
+//
+// y must not overlap x, w or sizes; x and w may overlap each other.
 func RaggedDot(s *device.Stream, y, x, w, sizes *device.Tensor, opt *Options) error {
 	c, err := check(forward, s, y, x, w, sizes, opt)
 	if err != nil {
@@ -92,7 +93,8 @@ func RaggedDot(s *device.Stream, y, x, w, sizes *device.Tensor, opt *Options) er
 // RaggedDotInputGrad computes dx[M,K] = dy[M,N]·w[g]ᵀ for the rows of each group g:
 // the gradient of RaggedDot with respect to x, with w [G,K,N] (opt.Layout KN) or
 // [G,N,K] (NK) as for RaggedDot. Rows past sum(sizes) are written as zeros. dtypes,
-// devices, streams and the handling of invalid sizes are as for RaggedDot.
+// devices, streams and the handling of invalid sizes are as for RaggedDot. dx must not
+// overlap dy, w or sizes; dy and w may overlap each other.
 func RaggedDotInputGrad(s *device.Stream, dx, dy, w, sizes *device.Tensor, opt *Options) error {
 	c, err := check(inputGrad, s, dx, dy, w, sizes, opt)
 	if err != nil {
@@ -107,7 +109,8 @@ func RaggedDotInputGrad(s *device.Stream, dx, dy, w, sizes *device.Tensor, opt *
 // opt.Accumulate the result is added to dw (in f32, then rounded to dw's dtype);
 // otherwise dw is overwritten, and the gradient of an empty group is exactly zero.
 // Rows of x and dy past sum(sizes) do not contribute. dtypes, devices, streams and the
-// handling of invalid sizes are as for RaggedDot.
+// handling of invalid sizes are as for RaggedDot. dw must not overlap x, dy or sizes;
+// x and dy may overlap each other.
 func RaggedDotWeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, opt *Options) error {
 	c, err := check(weightGrad, s, dw, x, dy, sizes, opt)
 	if err != nil {
@@ -135,10 +138,10 @@ func check(f form, s *device.Stream, out, a, b, sizes *device.Tensor, opt *Optio
 		o = *opt
 	}
 	if o.Layout != KN && o.Layout != NK {
-		return nil, fmt.Errorf("gemm: %v: invalid layout %v: want KN or NK", f, o.Layout)
+		return nil, fmt.Errorf("gemm: %v: opt.Layout is %v: want KN or NK", f, o.Layout)
 	}
 	if o.Accumulate && f != weightGrad {
-		return nil, fmt.Errorf("gemm: %v: Accumulate applies to RaggedDotWeightGrad only", f)
+		return nil, fmt.Errorf("gemm: %v: opt.Accumulate applies to RaggedDotWeightGrad only", f)
 	}
 	names := map[form][3]string{
 		forward:    {"y", "x", "w"},
@@ -155,7 +158,7 @@ func check(f form, s *device.Stream, out, a, b, sizes *device.Tensor, opt *Optio
 		}
 	}
 	if o.Status != nil {
-		if err := o.Status.usable(s); err != nil {
+		if err := o.Status.Usable(s, "opt.Status"); err != nil {
 			return nil, fmt.Errorf("gemm: %v: %w", f, err)
 		}
 	}
@@ -173,53 +176,85 @@ func check(f form, s *device.Stream, out, a, b, sizes *device.Tensor, opt *Optio
 		return nil, fmt.Errorf("gemm: %v: %s is %v: want a matrix", f, names[1], a)
 	}
 	c := &call{f: f, layout: o.Layout, accum: o.Accumulate, status: o.Status, out: out, a: a, b: b, sizes: sizes, G: G}
-	wshape := func(K, N int) []int {
-		if o.Layout == NK {
-			return []int{G, N, K}
-		}
-		return []int{G, K, N}
+	// w (forward, inputGrad) or dw (weightGrad) gives K and N; the matrices must agree.
+	weights, wname := b, names[2]
+	if f == weightGrad {
+		weights, wname = out, names[0]
 	}
+	if weights.Rank() != 3 || weights.Dim(0) != G {
+		return nil, fmt.Errorf("gemm: %v: %s is %v and sizes is %v: want %s[G=%d, %s] (layout %v)", f, wname, weights, sizes, wname, G, layoutDims(o.Layout), o.Layout)
+	}
+	c.K, c.N = weights.Dim(1), weights.Dim(2)
+	if o.Layout == NK {
+		c.K, c.N = c.N, c.K
+	}
+	// want returns the error of matrix name, t, whose shape is not [rows, cols], which
+	// the tensor other implies.
+	want := func(name string, t *device.Tensor, oname string, other *device.Tensor, rows, cols int) error {
+		lay := ""
+		if other == weights {
+			lay = fmt.Sprintf(" (layout %v)", o.Layout)
+		}
+		return fmt.Errorf("gemm: %v: %s is %v and %s is %v%s: want %s[%d, %d]", f, name, t, oname, other, lay, name, rows, cols)
+	}
+	c.M = a.Dim(0)
 	switch f {
 	case forward, inputGrad:
-		// forward: a = x[M,K]; inputGrad: a = dy[M,N]. w gives the other dimension.
-		if b.Rank() != 3 || b.Dim(0) != G {
-			return nil, fmt.Errorf("gemm: %v: w is %v, want [G=%d, %s] with G = len(sizes)", f, b, G, layoutDims(o.Layout))
-		}
-		c.M = a.Dim(0)
-		if o.Layout == KN {
-			c.K, c.N = b.Dim(1), b.Dim(2)
-		} else {
-			c.N, c.K = b.Dim(1), b.Dim(2)
-		}
 		inner, outer := c.K, c.N // x's columns, y's columns
 		if f == inputGrad {
 			inner, outer = c.N, c.K // dy's columns, dx's columns
 		}
 		if a.Dim(1) != inner {
-			return nil, fmt.Errorf("gemm: %v: %s is %v and w is %v (layout %v): want %s[%d, %d]", f, names[1], a, b, o.Layout, names[1], c.M, inner)
+			return nil, want(names[1], a, wname, weights, c.M, inner)
 		}
-		if out.Rank() != 2 || out.Dim(0) != c.M || out.Dim(1) != outer {
-			return nil, fmt.Errorf("gemm: %v: %s is %v, want [%d, %d]", f, names[0], out, c.M, outer)
+		if out.Rank() != 2 || out.Dim(0) != c.M {
+			return nil, want(names[0], out, names[1], a, c.M, outer)
+		}
+		if out.Dim(1) != outer {
+			return nil, want(names[0], out, wname, weights, c.M, outer)
 		}
 	case weightGrad:
-		if b.Rank() != 2 || b.Dim(0) != a.Dim(0) {
-			return nil, fmt.Errorf("gemm: %v: x is %v and dy is %v: want x[M,K] and dy[M,N] with the same M", f, a, b)
+		if b.Rank() != 2 || b.Dim(0) != c.M {
+			return nil, fmt.Errorf("gemm: %v: dy is %v and x is %v: want dy[%d, N], the same M as x", f, b, a, c.M)
 		}
-		c.M, c.K, c.N = a.Dim(0), a.Dim(1), b.Dim(1)
-		want := wshape(c.K, c.N)
-		if out.Rank() != 3 || out.Dim(0) != want[0] || out.Dim(1) != want[1] || out.Dim(2) != want[2] {
-			return nil, fmt.Errorf("gemm: %v: dw is %v, want %v (layout %v)", f, out, want, o.Layout)
+		badK, badN := a.Dim(1) != c.K, b.Dim(1) != c.N
+		switch {
+		case badK && badN: // x and dy agree with each other, not with dw
+			return nil, fmt.Errorf("gemm: %v: dw is %v, want %v (layout %v) for x %v and dy %v", f, out, wshape(o.Layout, G, a.Dim(1), b.Dim(1)), o.Layout, a, b)
+		case badK:
+			return nil, want("x", a, "dw", out, c.M, c.K)
+		case badN:
+			return nil, want("dy", b, "dw", out, c.M, c.N)
 		}
 	}
-	for _, d := range []struct {
+	// The kernels index with 32-bit integers. Each dimension is named by a matrix of it.
+	type dim struct {
 		name string
 		v    int
-	}{{"M", c.M}, {"K", c.K}, {"N", c.N}, {"G", G}} {
+		t    string
+		of   *device.Tensor
+	}
+	dims := []dim{{"M", c.M, names[1], a}, {"K", c.K, names[1], a}, {"N", c.N, names[0], out}, {"G", G, "sizes", sizes}}
+	switch f {
+	case inputGrad: // dy[M,N], dx[M,K]
+		dims[1], dims[2] = dim{"K", c.K, names[0], out}, dim{"N", c.N, names[1], a}
+	case weightGrad: // x[M,K], dy[M,N]
+		dims[2] = dim{"N", c.N, names[2], b}
+	}
+	for _, d := range dims {
 		if d.v >= math.MaxInt32 {
-			return nil, fmt.Errorf("gemm: %v: %s = %d: want less than 2^31-1", f, d.name, d.v)
+			return nil, fmt.Errorf("gemm: %v: %s is %v: %s = %d, want less than 2^31-1", f, d.t, d.of, d.name, d.v)
 		}
 	}
 	return c, nil
+}
+
+// wshape returns the shape of G weight matrices K×N stored in layout l.
+func wshape(l WeightLayout, G, K, N int) []int {
+	if l == NK {
+		return []int{G, N, K}
+	}
+	return []int{G, K, N}
 }
 
 func layoutDims(l WeightLayout) string {

@@ -460,21 +460,38 @@ func TestRaggedDot(t *testing.T) {
 // their allocations, which the GPU must load without 16-byte copies.
 func TestUnalignedViews(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
-		s := d.Stream()
-		for i, sh := range []shape{shapes[3], shapes[4]} {
-			for _, f := range []form{fwd, dgrad, wgrad} {
-				for _, layout := range []gemm.WeightLayout{gemm.KN, gemm.NK} {
-					o := newOperands(uint64(3000+i), sh, f, layout, device.BF16, device.BF16, false)
-					o.offset = 1
-					res := o.run(t, s, nil, false)
-					o.checkAgainstRef(t, res, o.reference())
-					if d.IsCUDA() {
-						o.checkClose(t, res, o.run(t, device.CPU().Stream(), nil, false))
-					}
+		checkBF16(t, d, 3000, []shape{shapes[3], shapes[4]}, 1)
+	})
+}
+
+// TestPortableKernels runs aligned bf16 shapes with the Hopper kernels turned off, so
+// that on the H100 and H200 the mma.sync kernels that other GPUs run are tested too.
+func TestPortableKernels(t *testing.T) {
+	defer gemm.ForceMMA(true)()
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		checkBF16(t, d, 4000, []shape{shapes[3], shapes[4], shapes[5]}, 0)
+	})
+}
+
+// checkBF16 runs every form and layout of each shape on bf16 operands that start
+// offset elements into their allocations (seeds from seed on), against the reference
+// and, on a GPU, against the CPU.
+func checkBF16(t *testing.T, d *device.Device, seed uint64, shs []shape, offset int) {
+	t.Helper()
+	s := d.Stream()
+	for i, sh := range shs {
+		for _, f := range []form{fwd, dgrad, wgrad} {
+			for _, layout := range []gemm.WeightLayout{gemm.KN, gemm.NK} {
+				o := newOperands(seed+uint64(i), sh, f, layout, device.BF16, device.BF16, false)
+				o.offset = offset
+				res := o.run(t, s, nil, false)
+				o.checkAgainstRef(t, res, o.reference())
+				if d.IsCUDA() {
+					o.checkClose(t, res, o.run(t, device.CPU().Stream(), nil, false))
 				}
 			}
 		}
-	})
+	}
 }
 
 // TestWeightGradAccumulate checks dw += x_gᵀ·dy_g in both dtypes and layouts, with
@@ -554,7 +571,7 @@ func TestInvalidSizes(t *testing.T) {
 					sh := shape{name: "invalid", G: len(tc.sizes), M: 40, K: 16, N: 24}
 					o := newOperands(7, sh, f, gemm.KN, device.BF16, device.BF16, false)
 					o.sizes = tc.sizes
-					st := dt.Must(gemm.NewStatus(s))
+					st := dt.Must(device.NewStatus(s))
 					opt := &gemm.Options{Status: st}
 					var err error
 					var res result
@@ -669,13 +686,13 @@ func TestArgErrors(t *testing.T) {
 			{"dtype mix", gemm.RaggedDot(s, y, al(device.F32, 10, 8), w, sz, nil), "want both bf16 or both f32"},
 			{"int operands", gemm.RaggedDot(s, y, al(device.I32, 10, 8), al(device.I32, 2, 8, 6), sz, nil), "want both bf16 or both f32"},
 			{"out dtype", gemm.RaggedDot(s, al(device.F16, 10, 6), x, w, sz, nil), "want bf16 or f32"},
-			{"w groups", gemm.RaggedDot(s, y, x, al(device.BF16, 3, 8, 6), sz, nil), "want [G=2, K, N]"},
+			{"w groups", gemm.RaggedDot(s, y, x, al(device.BF16, 3, 8, 6), sz, nil), "want w[G=2, K, N]"},
 			{"x cols", gemm.RaggedDot(s, y, al(device.BF16, 10, 7), w, sz, nil), "want x[10, 8]"},
 			{"y shape", gemm.RaggedDot(s, al(device.BF16, 10, 5), x, w, sz, nil), "y is bf16[10 5]@"},
 			{"NK shapes", gemm.RaggedDot(s, y, x, w, sz, &gemm.Options{Layout: gemm.NK}), "layout NK"},
-			{"layout", gemm.RaggedDot(s, y, x, w, sz, &gemm.Options{Layout: 7}), "invalid layout"},
+			{"layout", gemm.RaggedDot(s, y, x, w, sz, &gemm.Options{Layout: 7}), "opt.Layout is WeightLayout(7)"},
 			{"accumulate fwd", gemm.RaggedDot(s, y, x, w, sz, &gemm.Options{Accumulate: true}), "Accumulate applies to RaggedDotWeightGrad only"},
-			{"dgrad dx", gemm.RaggedDotInputGrad(s, al(device.BF16, 10, 6), y, w, sz, nil), "want [10, 8]"},
+			{"dgrad dx", gemm.RaggedDotInputGrad(s, al(device.BF16, 10, 6), y, w, sz, nil), "want dx[10, 8]"},
 			{"wgrad M", gemm.RaggedDotWeightGrad(s, w, x, al(device.BF16, 9, 6), sz, nil), "the same M"},
 			{"wgrad dw", gemm.RaggedDotWeightGrad(s, al(device.BF16, 2, 6, 8), x, y, sz, nil), "want [2 8 6] (layout KN)"},
 			{"stream", gemm.RaggedDot(nil, y, x, w, sz, nil), "nil stream"},

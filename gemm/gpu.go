@@ -2,7 +2,6 @@ package gemm
 
 import (
 	_ "embed"
-	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -12,9 +11,9 @@ import (
 //go:embed kernels/gemm.cu
 var gemmSrc string
 
-// Program holds the package's CUDA kernels: the plan kernel that reads the group sizes
+// program holds the package's CUDA kernels: the plan kernel that reads the group sizes
 // on the device, the bf16 tensor-core GEMMs (mma.sync) and the exact f32 GEMMs.
-var Program = device.NewProgram("gemm.cu", gemmSrc)
+var program = device.NewProgram("gemm.cu", gemmSrc)
 
 // Kernel constants shared with kernels/gemm.cu.
 const (
@@ -50,17 +49,12 @@ type kernelInfo struct {
 
 var kinfo sync.Map // *device.Kernel → *kernelInfo
 
-// prepare raises k's dynamic shared-memory limit to maxSmem once and returns how many
-// blocks of the given size fit on one SM.
-func prepare(k *device.Kernel, threads, maxSmem int) (int, error) {
+// occupancy returns how many blocks of the given size and maxSmem bytes of dynamic
+// shared memory fit on one SM, asking the driver once per kernel.
+func occupancy(k *device.Kernel, threads, maxSmem int) (int, error) {
 	v, _ := kinfo.LoadOrStore(k, &kernelInfo{})
 	ki := v.(*kernelInfo)
 	ki.once.Do(func() {
-		if maxSmem > 48<<10 {
-			if ki.err = k.SetMaxDynamicSharedMemory(maxSmem); ki.err != nil {
-				return
-			}
-		}
 		ki.occ, ki.err = k.MaxActiveBlocksPerSM(threads, maxSmem)
 		if ki.err == nil && ki.occ < 1 {
 			ki.err = fmt.Errorf("gemm: kernel does not fit on an SM with %d threads and %d bytes of shared memory", threads, maxSmem)
@@ -69,23 +63,15 @@ func prepare(k *device.Kernel, threads, maxSmem int) (int, error) {
 	return ki.occ, ki.err
 }
 
-// gemmArgs mirrors struct GemmArgs of kernels/gemm.cu: 16 eight-byte fields.
+// gemmArgs mirrors struct GemmArgs of kernels/gemm.cu field for field (16 fields of 8
+// bytes): the by-value argument of the GEMM kernels, passed to Kernel.Launch as is.
 type gemmArgs struct {
-	a, b, c, plan              uintptr
-	m, n, k, lda, ldb, ldc     int64
-	strideB, strideC, g, flags int64
-	tilesM, tilesN             int64
-}
-
-func (p *gemmArgs) bytes() []byte {
-	f := []uint64{uint64(p.a), uint64(p.b), uint64(p.c), uint64(p.plan),
-		uint64(p.m), uint64(p.n), uint64(p.k), uint64(p.lda), uint64(p.ldb), uint64(p.ldc),
-		uint64(p.strideB), uint64(p.strideC), uint64(p.g), uint64(p.flags), uint64(p.tilesM), uint64(p.tilesN)}
-	b := make([]byte, 8*len(f))
-	for i, v := range f {
-		binary.LittleEndian.PutUint64(b[8*i:], v)
-	}
-	return b
+	A, B, C, Plan    *device.Tensor // const void *a, *b; void *c; const int *plan
+	M, N, K          int64
+	Lda, Ldb, Ldc    int64
+	StrideB, StrideC int64
+	G, Flags         int64
+	TilesM, TilesN   int64
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
@@ -97,41 +83,41 @@ func (c *call) gpu(s *device.Stream) error {
 		return fmt.Errorf("gemm: %v: %v has compute capability %d.%d: the kernels need 8.0 or newer", c.f, d, cc/10, cc%10)
 	}
 	M, K, N, G := c.M, c.K, c.N, c.G
-	p := gemmArgs{a: c.a.Ptr(), b: c.b.Ptr(), c: c.out.Ptr(), g: int64(G)}
+	p := gemmArgs{A: c.a, B: c.b, C: c.out, G: int64(G)}
 	if c.out.DType() == device.F32 {
-		p.flags |= f32Out
+		p.Flags |= f32Out
 	}
 	if c.accum {
-		p.flags |= accumOut
+		p.Flags |= accumOut
 	}
 	bt := false // B stored [contraction][n] (else [n][contraction])
 	switch c.f {
 	case forward: // y = x · w_g
-		p.m, p.n, p.k = int64(M), int64(N), int64(K)
+		p.M, p.N, p.K = int64(M), int64(N), int64(K)
 		bt = c.layout == KN
-		p.lda, p.ldc, p.strideB = int64(K), int64(N), int64(K)*int64(N)
+		p.Lda, p.Ldc, p.StrideB = int64(K), int64(N), int64(K)*int64(N)
 	case inputGrad: // dx = dy · w_gᵀ
-		p.m, p.n, p.k = int64(M), int64(K), int64(N)
+		p.M, p.N, p.K = int64(M), int64(K), int64(N)
 		bt = c.layout == NK
-		p.lda, p.ldc, p.strideB = int64(N), int64(K), int64(K)*int64(N)
+		p.Lda, p.Ldc, p.StrideB = int64(N), int64(K), int64(K)*int64(N)
 	case weightGrad: // dw_g = x_gᵀ · dy_g (KN) or dy_gᵀ · x_g (NK)
 		bt = true
-		p.m, p.n, p.k = int64(K), int64(N), int64(M)
+		p.M, p.N, p.K = int64(K), int64(N), int64(M)
 		if c.layout == NK {
-			p.m, p.n = int64(N), int64(K)
-			p.a, p.b = c.b.Ptr(), c.a.Ptr()
+			p.M, p.N = int64(N), int64(K)
+			p.A, p.B = c.b, c.a
 		}
-		p.lda, p.ldb, p.ldc, p.strideC = p.m, p.n, p.n, int64(K)*int64(N)
+		p.Lda, p.Ldb, p.Ldc, p.StrideC = p.M, p.N, p.N, int64(K)*int64(N)
 	}
 	if c.f != weightGrad {
-		p.ldb = p.k // [n][k]
+		p.Ldb = p.K // [n][k]
 		if bt {
-			p.ldb = p.n // [k][n]
+			p.Ldb = p.N // [k][n]
 		}
 	}
 	raggedK := c.f == weightGrad
 	bf16 := c.a.DType() == device.BF16
-	vec := bf16 && K%8 == 0 && N%8 == 0 && p.a%16 == 0 && p.b%16 == 0 && p.c%16 == 0
+	vec := bf16 && K%8 == 0 && N%8 == 0 && p.A.Ptr()%16 == 0 && p.B.Ptr()%16 == 0 && p.C.Ptr()%16 == 0
 
 	// Pick the kernel and its tile shape.
 	var (
@@ -181,19 +167,19 @@ func (c *call) gpu(s *device.Stream) error {
 		}
 		name = "dl_mma_m_" + tc.name + "_" + lay + "_" + v
 	}
-	p.tilesN = int64(ceilDiv(int(p.n), bn))
+	p.TilesN = int64(ceilDiv(int(p.N), bn))
 	var bound int64 // upper bound on the tiles of the call
 	if raggedK {
-		p.tilesM = int64(ceilDiv(int(p.m), bm))
-		bound = int64(G) * p.tilesM * p.tilesN
+		p.TilesM = int64(ceilDiv(int(p.M), bm))
+		bound = int64(G) * p.TilesM * p.TilesN
 	} else {
-		bound = (2*int64(ceilDiv(M, bm)) + int64(G)) * p.tilesN
+		bound = (2*int64(ceilDiv(M, bm)) + int64(G)) * p.TilesN
 	}
 	if bound >= 1<<30 {
 		return fmt.Errorf("gemm: %v: M=%d, K=%d, N=%d, G=%d make %d tiles: at most 2^30", c.f, M, K, N, G, bound)
 	}
 
-	plan, err := d.Kernel(Program, "dl_gemm_plan")
+	plan, err := d.Kernel(program, "dl_gemm_plan")
 	if err != nil {
 		return err
 	}
@@ -204,21 +190,17 @@ func (c *call) gpu(s *device.Stream) error {
 		return fmt.Errorf("gemm: %v: workspace: %w", c.f, err)
 	}
 	defer ws.Free()
-	p.plan = ws.Ptr()
-	var st any = uint64(0)
-	if c.status != nil {
-		st = c.status.t
-	}
+	p.Plan = ws
 	planBM, planNT := int32(0), int32(0)
 	if !raggedK {
-		planBM, planNT = int32(bm), int32(p.tilesN)
+		planBM, planNT = int32(bm), int32(p.TilesN)
 	}
 	planThreads := 256
 	if G > 256 {
 		planThreads = 1024
 	}
 	if err := plan.Launch(s, device.D1(1), device.D1(planThreads), 0,
-		c.sizes, int32(G), int64(M), planBM, planNT, ws, st, int32(c.f)); err != nil {
+		c.sizes, int32(G), int64(M), planBM, planNT, ws, c.status, int32(c.f)); err != nil {
 		return fmt.Errorf("gemm: %v: %w", c.f, err)
 	}
 	if bound == 0 || c.out.Len() == 0 {
@@ -235,11 +217,11 @@ func (c *call) gpu(s *device.Stream) error {
 		return nil
 	}
 
-	k, err := d.Kernel(Program, name)
+	k, err := d.Kernel(program, name)
 	if err != nil {
 		return err
 	}
-	occ, err := prepare(k, thr, maxSmem)
+	occ, err := occupancy(k, thr, maxSmem)
 	if err != nil {
 		return fmt.Errorf("gemm: %v: %s: %w", c.f, name, err)
 	}
@@ -251,7 +233,7 @@ func (c *call) gpu(s *device.Stream) error {
 	if grid > bound {
 		grid = bound
 	}
-	if err := k.Launch(s, device.D1(int(grid)), device.D1(thr), smem, p.bytes()); err != nil {
+	if err := k.Launch(s, device.D1(int(grid)), device.D1(thr), smem, p); err != nil {
 		return fmt.Errorf("gemm: %v: %w", c.f, err)
 	}
 	return nil

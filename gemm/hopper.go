@@ -4,15 +4,20 @@ import (
 	"os"
 
 	"github.com/dropless/dropless/device"
-	"github.com/dropless/dropless/internal/hopper"
+	"github.com/dropless/dropless/gemm/internal/hopper"
 )
+
+// forceMMA makes every call take the portable mma.sync kernels even where the Hopper
+// kernels could run: DROPLESS_GEMM_KERNEL=mma, read once when the package is
+// initialized (for comparisons). Tests may set it.
+var forceMMA = os.Getenv("DROPLESS_GEMM_KERNEL") == "mma"
 
 // hopperOK reports whether the call can run on the Hopper kernels (wgmma and TMA):
 // bf16 operands, M ≥ 1, K and N positive multiples of 8 (16-byte rows for the tensor maps), 16-byte
-// aligned pointers, at most 1024 groups, an sm_90 GPU and NVRTC that targets sm_90a.
-// DROPLESS_GEMM_KERNEL=mma forces the portable mma.sync kernels (for tests and comparisons).
+// aligned pointers, at most 1024 groups, an sm_90 GPU and NVRTC that targets sm_90a,
+// unless forceMMA is set.
 func (c *call) hopperOK(d *device.Device) bool {
-	if os.Getenv("DROPLESS_GEMM_KERNEL") == "mma" {
+	if forceMMA {
 		return false
 	}
 	if c.a.DType() != device.BF16 || c.M < 1 || c.K < 8 || c.N < 8 || c.K%8 != 0 || c.N%8 != 0 || c.G > 1024 || c.G < 1 {
@@ -27,8 +32,9 @@ func (c *call) hopperOK(d *device.Device) bool {
 }
 
 // hopper enqueues the call on the Hopper kernels. The plan kernel has already checked
-// the sizes into the call's Status; on invalid sizes these kernels write nothing. counter
-// is the call's scratch element for the forward kernels' tile schedule.
+// the sizes into the call's Status; on invalid sizes these kernels write nothing (and
+// record into the same Status, where the plan's record, first, stays). counter is the
+// call's scratch element for the forward kernels' tile schedule.
 func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 	x2 := func(t *device.Tensor, r, k int) (*device.Tensor, error) { return t.Reshape(r, k) }
 	switch c.f {
@@ -41,7 +47,7 @@ func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, nil, counter, c.layout == KN)
+		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, c.status, int(c.f), counter, c.layout == KN)
 	case inputGrad: // dx[M,K] = dy[M,N]·w_gᵀ: K-major B when w is [G,K,N]
 		dy, err := x2(c.a, c.M, c.N)
 		if err != nil {
@@ -51,7 +57,7 @@ func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, nil, counter, c.layout == NK)
+		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, c.status, int(c.f), counter, c.layout == NK)
 	default: // dw_g = x_gᵀ·dy_g ([G,K,N]) or dy_gᵀ·x_g ([G,N,K])
 		x, err := x2(c.a, c.M, c.K)
 		if err != nil {
@@ -64,6 +70,6 @@ func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 		if c.layout == NK {
 			x, dy = dy, x
 		}
-		return hopper.WeightGrad(s, c.out, x, dy, c.sizes, nil, c.accum)
+		return hopper.WeightGrad(s, c.out, x, dy, c.sizes, c.status, int(c.f), c.accum)
 	}
 }

@@ -7,84 +7,33 @@ import (
 	"github.com/dropless/dropless/device"
 )
 
-// Status records the first invalid group sizes that a call met, for calls whose sizes
-// are checked after the call returned: every GPU call (the kernels check them on the
-// device, so that the host never waits) and CPU calls replayed from a captured Graph.
-// It holds an I64[4] tensor on one device; the first error is kept until Reset. A
-// Status may be shared by calls on several streams of its device.
-type Status struct {
-	t *device.Tensor
-}
-
-// Status codes, in the first word of the tensor; the op is in bits 8 and up.
+// Invalid sizes are recorded in a device.Status (Options.Status, else the device's own)
+// as records of the package's domain: word 0 is device.StatusCode(statusDomain, op,
+// code) with op the call's form, the values follow the code. kernels/gemm.cu
+// (DL_GEMM_DOMAIN) and the Hopper kernels write the same records.
 const (
-	statusNegative = 1 // sizes[g] < 0
-	statusOverflow = 2 // sum(sizes) > M
+	statusDomain   = 1
+	statusNegative = 1 // sizes[g] < 0: values g, sizes[g], M
+	statusOverflow = 2 // sum(sizes) > M: values G, the sum, M
 )
 
-// NewStatus allocates a cleared Status on s's device, enqueued on s.
-func NewStatus(s *device.Stream) (*Status, error) {
-	t, err := s.Alloc(device.I64, 4)
-	if err != nil {
-		return nil, fmt.Errorf("gemm: NewStatus: %w", err)
-	}
-	if err := device.Fill(s, t, 0); err != nil {
-		t.Free()
-		return nil, fmt.Errorf("gemm: NewStatus: %w", err)
-	}
-	return &Status{t: t}, nil
-}
+func init() { device.RegisterStatus(statusDomain, decodeStatus) }
 
-// Check waits for the work enqueued on s and returns the recorded error, if any:
-// "gemm: RaggedDot: sizes sum to 70000 > M=65536" or "gemm: RaggedDot: sizes[3] = -2 < 0".
-// The record stays until Reset.
-func (st *Status) Check(s *device.Stream) error {
-	if err := st.usable(s); err != nil {
-		return fmt.Errorf("gemm: Status.Check: %w", err)
-	}
-	v := make([]int64, 4)
-	if err := device.Download(s, st.t, v); err != nil {
-		return fmt.Errorf("gemm: Status.Check: %w", err)
-	}
-	return statusError(v)
-}
-
-// Reset clears the Status, enqueued on s.
-func (st *Status) Reset(s *device.Stream) error {
-	if err := st.usable(s); err != nil {
-		return fmt.Errorf("gemm: Status.Reset: %w", err)
-	}
-	return device.Fill(s, st.t, 0)
-}
-
-// Free releases the Status's memory (see device.Tensor.Free).
-func (st *Status) Free() error {
-	if st == nil || st.t == nil {
-		return nil
-	}
-	return st.t.Free()
-}
-
-func (st *Status) usable(s *device.Stream) error {
-	if st == nil || st.t == nil {
-		return fmt.Errorf("status is not from NewStatus")
-	}
-	return st.t.Check(s, "status")
-}
-
-// statusError decodes a status record.
-func statusError(v []int64) error {
-	if v[0] == 0 {
-		return nil
-	}
-	op := form(v[0] >> 8)
-	switch v[0] & 0xff {
+// decodeStatus words a record of the package: "gemm: RaggedDot: sizes[3] = -2 < 0" or
+// "gemm: RaggedDot: sizes sum to 70000 > M=65536"; nil for a code it does not know.
+func decodeStatus(op, code int, v [3]int64) error {
+	switch code {
 	case statusNegative:
-		return fmt.Errorf("gemm: %v: sizes[%d] = %d < 0", op, v[1], v[2])
+		return fmt.Errorf("gemm: %v: sizes[%d] = %d < 0", form(op), v[0], v[1])
 	case statusOverflow:
-		return fmt.Errorf("gemm: %v: sizes sum to %d > M=%d", op, v[2], v[3])
+		return fmt.Errorf("gemm: %v: sizes sum to %d > M=%d", form(op), v[1], v[2])
 	}
-	return fmt.Errorf("gemm: unknown status %#x", v[0])
+	return nil
+}
+
+// sizesRecord returns the status record of invalid sizes met by op.
+func sizesRecord(op form, code, g, value, m int64) [4]int64 {
+	return [4]int64{device.StatusCode(statusDomain, int(op), int(code)), g, value, m}
 }
 
 // cpuStatus is the CPU device's own status: invalid sizes met by CPU calls replayed
@@ -96,13 +45,12 @@ var cpuStatus struct {
 
 // record stores the error (code, group, value) of op in st, or in the device's own
 // status when st is nil, unless an error is already recorded there. CPU only.
-func record(st *Status, op form, code, g, value, m int64) {
-	v := [4]int64{code | int64(op)<<8, g, value, m}
+func record(st *device.Status, op form, code, g, value, m int64) {
+	v := sizesRecord(op, code, g, value, m)
 	if st != nil {
-		d := device.Slice[int64](st.t)
-		if d[0] == 0 {
-			copy(d, v[:])
-		}
+		// check made st a Status of the call's CPU device, so Record fails only for a
+		// Status freed since the capture; a replayed call has nobody to tell.
+		_ = st.Record(v[0], v[1], v[2], v[3])
 		return
 	}
 	cpuStatus.Lock()
@@ -114,8 +62,8 @@ func record(st *Status, op form, code, g, value, m int64) {
 
 // CheckStatus waits for the work enqueued on s and returns the error recorded in the
 // device's own status: the invalid sizes met by calls on s's device that named no
-// Options.Status, on any stream (see Status.Check). On the CPU it reports only calls
-// replayed from captured Graphs; direct CPU calls return their error.
+// Options.Status, on any stream (see device.Status.Check). On the CPU it reports only
+// calls replayed from captured Graphs; direct CPU calls return their error.
 func CheckStatus(s *device.Stream) error {
 	if s == nil {
 		return fmt.Errorf("gemm: CheckStatus: nil stream")
@@ -124,9 +72,9 @@ func CheckStatus(s *device.Stream) error {
 		cpuStatus.Lock()
 		v := cpuStatus.v
 		cpuStatus.Unlock()
-		return statusError(v[:])
+		return device.StatusError(v)
 	}
-	k, err := s.Device().Kernel(Program, "dl_gemm_status_read")
+	k, err := s.Device().Kernel(program, "dl_gemm_status_read")
 	if err != nil {
 		return err
 	}
@@ -142,7 +90,7 @@ func CheckStatus(s *device.Stream) error {
 	if err := device.Download(s, t, v); err != nil {
 		return fmt.Errorf("gemm: CheckStatus: %w", err)
 	}
-	return statusError(v)
+	return device.StatusError([4]int64(v))
 }
 
 // ResetStatus clears the device's own status, enqueued on s.
@@ -157,7 +105,7 @@ func ResetStatus(s *device.Stream) error {
 			cpuStatus.Unlock()
 		})
 	}
-	k, err := s.Device().Kernel(Program, "dl_gemm_status_reset")
+	k, err := s.Device().Kernel(program, "dl_gemm_status_reset")
 	if err != nil {
 		return err
 	}

@@ -20,12 +20,7 @@
 // ldmatrix from a cp.async multi-stage shared-memory ring; f32 operands run an exact
 // fp32 FMA kernel. Output is bf16 (round to nearest even, as the Go conversion) or f32.
 // Accumulation order is fixed: results are deterministic.
-#include "dtype.cuh"
-
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
+#include "dl.cuh"
 
 #define DL_INT_MAX 2147483647
 
@@ -34,13 +29,18 @@ typedef unsigned long long u64;
 // [5+G, 5+2G] tile prefix tp[0..G] (tiles of groups before g).
 #define DL_PLAN_OFF 4
 
-// Status layout (int64[4]): [0] code | op<<8 (0: none; 1: negative size; 2: sizes sum
-// past M), [1] group index, [2] value (the size or the sum), [3] M. The first error
-// is kept until reset.
-__device__ u64 dl_gemm_status[4];
+// Status records (a device.Status, see dl_status_set): word 0 is
+// DL_STATUS_CODE(DL_GEMM_DOMAIN, op, code) with op the call's form (1 RaggedDot,
+// 2 RaggedDotInputGrad, 3 RaggedDotWeightGrad) and code 1 for a negative size (values:
+// the group, its size, M) or 2 for sizes summing past M (values: G, the sum, M). The
+// Go decoder is in status.go. The first error is kept until reset.
+#define DL_GEMM_DOMAIN 1
 
-// Copies the module's own status (used when the caller passes none) into out[4].
-extern "C" __global__ void dl_gemm_status_read(u64 *out) {
+// The module's own status, for calls that pass none.
+__device__ i64 dl_gemm_status[4];
+
+// Copies the module's own status into out[4].
+extern "C" __global__ void dl_gemm_status_read(i64 *out) {
     if (threadIdx.x < 4) out[threadIdx.x] = dl_gemm_status[threadIdx.x];
 }
 
@@ -53,7 +53,7 @@ extern "C" __global__ void dl_gemm_status_reset() {
 // bm > 0 makes the tile prefix for tiles of bm rows and nt column tiles, bm == 0 skips
 // it (ragged K). status == 0 means the module's own status.
 extern "C" __global__ void __launch_bounds__(1024) dl_gemm_plan(const int *__restrict__ sizes, int G, i64 M, int bm, int nt,
-                                                                int *__restrict__ plan, u64 *status, int op) {
+                                                                int *__restrict__ plan, i64 *status, int op) {
     __shared__ i64 wr[32], wt[32];
     __shared__ int neg;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
@@ -80,8 +80,8 @@ extern "C" __global__ void __launch_bounds__(1024) dl_gemm_plan(const int *__res
         }
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
-            const i64 yr = __shfl_up_sync(0xffffffffu, r, d);
-            const i64 yt = __shfl_up_sync(0xffffffffu, t, d);
+            const i64 yr = __shfl_up_sync(DL_FULL, r, d);
+            const i64 yt = __shfl_up_sync(DL_FULL, t, d);
             if (lane >= d) {
                 r += yr;
                 t += yt;
@@ -96,8 +96,8 @@ extern "C" __global__ void __launch_bounds__(1024) dl_gemm_plan(const int *__res
             i64 vr = lane < nw ? wr[lane] : 0, vt = lane < nw ? wt[lane] : 0;
 #pragma unroll
             for (int d = 1; d < 32; d <<= 1) {
-                const i64 yr = __shfl_up_sync(0xffffffffu, vr, d);
-                const i64 yt = __shfl_up_sync(0xffffffffu, vt, d);
+                const i64 yr = __shfl_up_sync(DL_FULL, vr, d);
+                const i64 yt = __shfl_up_sync(DL_FULL, vt, d);
                 if (lane >= d) {
                     vr += yr;
                     vt += yt;
@@ -128,19 +128,14 @@ extern "C" __global__ void __launch_bounds__(1024) dl_gemm_plan(const int *__res
         plan[2] = valid ? (int)carryT : 0;
         plan[3] = valid ? (int)carryR : 0;
         if (isNeg || over) {
-            u64 *st = status ? status : dl_gemm_status;
-            const u64 code = (u64)(isNeg ? 1 : 2) | ((u64)op << 8);
-            if (atomicCAS(&st[0], 0ull, code) == 0ull) {
-                st[1] = (u64)(isNeg ? (i64)neg : (i64)G);
-                st[2] = (u64)(isNeg ? (i64)sizes[neg] : carryR);
-                st[3] = (u64)M;
-            }
+            dl_status_set(status ? status : dl_gemm_status, DL_STATUS_CODE(DL_GEMM_DOMAIN, op, isNeg ? 1 : 2),
+                          isNeg ? (i64)neg : (i64)G, isNeg ? (i64)sizes[neg] : carryR, M);
         }
     }
 }
 
-// GemmArgs is the by-value parameter of the GEMM kernels. All fields are 8 bytes, in
-// this order, as the Go side packs them.
+// GemmArgs is the by-value parameter of the GEMM kernels. All fields are 8 bytes; the
+// Go struct gemmArgs of gpu.go mirrors it field for field.
 struct GemmArgs {
     const void *a;   // A operand
     const void *b;   // B operand

@@ -1,6 +1,6 @@
-// Package hopper holds the Hopper (sm_90a) tensor-core kernels of the library: a grouped
-// GEMM on wgmma and the tensor memory accelerator, used by package gemm when the GPU and
-// NVRTC support it.
+// Package hopper holds the Hopper (sm_90a) tensor-core kernels of package gemm: a grouped
+// GEMM on wgmma and the tensor memory accelerator, used by gemm when the GPU and NVRTC
+// support it.
 package hopper
 
 import (
@@ -15,8 +15,8 @@ import (
 //go:embed kernels/grouped.cu
 var groupedSrc string
 
-// Grouped is the program of the grouped GEMM kernels.
-var Grouped = device.NewProgram("hopper_grouped.cu", groupedSrc)
+// grouped is the program of the grouped GEMM kernels.
+var grouped = device.NewProgram("hopper_grouped.cu", groupedSrc)
 
 const (
 	bm, bn, bk = 128, 256, 64
@@ -32,8 +32,8 @@ const (
 
 var support sync.Map // *device.Device → error
 
-// Supported returns nil when d can run the Hopper kernels: an sm_90 GPU with NVRTC able
-// to target sm_90a and a driver with tensor maps.
+// Supported returns nil when d can run the Hopper kernels: an sm_90 GPU with the shared
+// memory they need, NVRTC able to target sm_90a and a driver with tensor maps.
 func Supported(d *device.Device) error {
 	if v, ok := support.Load(d); ok {
 		if v == nil {
@@ -61,13 +61,12 @@ func supported(d *device.Device) error {
 	if t != "sm_90a" {
 		return fmt.Errorf("hopper: NVRTC targets %s, not sm_90a", t)
 	}
+	if d.MaxSharedMemory() < smemBytes {
+		return fmt.Errorf("hopper: the kernels need %d bytes of shared memory per block, %v allows %d", smemBytes, d, d.MaxSharedMemory())
+	}
 	for _, name := range []string{"dl_hopper_kmaj_bf16", "dl_hopper_kmaj_f32", "dl_hopper_mnmaj_bf16", "dl_hopper_mnmaj_f32",
 		"dl_hopper_wgrad_bf16", "dl_hopper_wgrad_f32", "dl_hopper_wgrad_bf16_acc", "dl_hopper_wgrad_f32_acc"} {
-		k, err := d.Kernel(Grouped, name)
-		if err != nil {
-			return err
-		}
-		if err := k.SetMaxDynamicSharedMemory(smemBytes); err != nil {
+		if _, err := d.Kernel(grouped, name); err != nil {
 			return err
 		}
 	}
@@ -79,12 +78,14 @@ func supported(d *device.Device) error {
 // BF16 or F32. b holds G matrices: when bMN is false, b is [G,N,Kc] (each B_gᵀ stored
 // row-major, contraction contiguous); when true, b is [G,Kc,N]. Rows past sum(sizes)
 // are zeroed. Kc and N must be multiples of 8 (16-byte rows for the tensor maps) and
-// G at most 1024. Invalid sizes set status (I32[4]: code, group, value) and write
-// nothing (status may be nil: then invalid sizes only write nothing). counter (I32, at
+// G at most 1024. Invalid sizes write nothing and record the first bad group g in st
+// as a record of package gemm (its domain, op its call's form): code 1 with (g,
+// sizes[g], M) for a negative size, code 2 with (g, sizes[0]+…+sizes[g], M) for sizes
+// summing past M. st may be nil: then invalid sizes only write nothing. counter (I32, at
 // least one element) is scratch for the tile schedule, overwritten; nil allocates one in
 // stream order for the call. Calls that may run at once need distinct counters. Two
 // launches on s; nothing is copied to the host.
-func GroupedGEMM(s *device.Stream, y, a, b, sizes, status, counter *device.Tensor, bMN bool) error {
+func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Status, op int, counter *device.Tensor, bMN bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
 		return err
@@ -119,18 +120,17 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status, counter *device.Tenso
 	if bMN {
 		name = "dl_hopper_mnmaj_"
 	}
-	f32 := int32(0)
-	if y.DType() == device.F32 {
+	f32 := y.DType() == device.F32
+	if f32 {
 		name += "f32"
-		f32 = 1
 	} else {
 		name += "bf16"
 	}
-	k, err := d.Kernel(Grouped, name)
+	k, err := d.Kernel(grouped, name)
 	if err != nil {
 		return err
 	}
-	z, err := d.Kernel(Grouped, "dl_hopper_zero_tail")
+	z, err := d.Kernel(grouped, "dl_hopper_zero_tail")
 	if err != nil {
 		return err
 	}
@@ -146,15 +146,16 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes, status, counter *device.Tenso
 		return err
 	}
 	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), statusArg(status), int32(lightRows), counter)
+		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), counter)
 }
 
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and
 // dy [M,N] given by sizes (I32[G] on the device), adding to dw when acc is set. x and dy
 // are BF16; dw is BF16 or F32. An empty group's dw is exactly zero (left as is with acc).
-// K and N must be multiples of 8 and G at most 1024. Invalid sizes set status (if not
-// nil) and write nothing. One launch on s; nothing is copied to the host.
-func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc bool) error {
+// K and N must be multiples of 8 and G at most 1024. Invalid sizes write nothing and are
+// recorded in st (if not nil) as for GroupedGEMM. One launch on s; nothing is copied to
+// the host.
+func WeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, st *device.Status, op int, acc bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
 		return err
@@ -186,12 +187,12 @@ func WeightGrad(s *device.Stream, dw, x, dy, sizes, status *device.Tensor, acc b
 	if acc {
 		name += "_acc"
 	}
-	k, err := d.Kernel(Grouped, name)
+	k, err := d.Kernel(grouped, name)
 	if err != nil {
 		return err
 	}
 	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmX, tmDY, tmDW, dw, sizes,
-		int32(G), int32(M), int32(K), int32(N), statusArg(status))
+		int32(G), int32(M), int32(K), int32(N), st, int32(op))
 }
 
 // tensorMap encodes a tiled bf16 tensor map with d's context current on the calling
@@ -204,11 +205,4 @@ func tensorMap(d *device.Device, addr cuda.DevicePtr, dims, strides []uint64, bo
 		return err
 	})
 	return m, err
-}
-
-func statusArg(t *device.Tensor) any {
-	if t == nil {
-		return uint64(0)
-	}
-	return t
 }

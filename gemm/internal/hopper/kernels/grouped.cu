@@ -1,4 +1,5 @@
-#include "dtype.cuh"
+#include "dl.cuh"
+
 // Hopper (sm_90a) grouped GEMM for ragged_dot: y[M, N] = A[M, Kc] · B_g for the rows of each
 // group g, bf16 operands, f32 accumulation, bf16 or f32 output.
 //
@@ -16,8 +17,6 @@
 // Rows past a group's end and columns past N are masked in the epilogue; TMA zero-fills
 // reads past the tensors' ends, so any M, any Kc, N ≥ 1 work (strides must be 16-byte multiples).
 // Invalid sizes (negative, or summing past M) set status and write nothing.
-typedef unsigned int u32;
-typedef unsigned long long u64;
 
 struct __align__(64) dl_tmap {
     u64 v[16];
@@ -34,6 +33,11 @@ struct __align__(64) dl_tmap {
 #define HB_TQ 4
 #define HB_CLAIMED 3
 
+// Status records are those of package gemm (its domain; op is the gemm call's form):
+// DL_STATUS_CODE(HB_STATUS_DOMAIN, op, 1) for a negative size, values (group, size, M);
+// code 2 for sizes summing past M, values (the first group past M, the sum up to it, M).
+#define HB_STATUS_DOMAIN 1
+
 // Tail: zero rows [sum(sizes), M) of y. Does nothing for invalid sizes. Warp 0 sums the
 // sizes, 32 at a time.
 extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32, int *next) {
@@ -48,8 +52,8 @@ extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G,
             s += v;
         }
 #pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        neg = __any_sync(0xffffffffu, neg);
+        for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(DL_FULL, s, o);
+        neg = __any_sync(DL_FULL, neg);
         if (threadIdx.x == 0) tot = (!neg && s <= M) ? (int)s : M;
     }
     __syncthreads();
@@ -151,10 +155,11 @@ struct hb_sched {
 // rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per 128-row
 // block: tstart for the heavy groups, lstart for the light ones, with sc the schedule's
 // constants), 32 groups at a time with warp shuffles, records the first invalid size in
-// status (block 0 only) and initializes the S-stage barrier ring. It returns, in every
-// lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
+// status (block 0 only; null: none) as an error of op and initializes the S-stage barrier
+// ring. It returns, in every lane, the error code: 0, 1 (a negative size) or 2 (sizes sum
+// past M).
 __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int *tstart, int *lstart,
-                                        hb_sched *sc, int *rstart, int *status, u64 *full, u64 *empty, int S) {
+                                        hb_sched *sc, int *rstart, i64 *status, int op, u64 *full, u64 *empty, int S) {
     const int lane = threadIdx.x & 31;
     long long r = 0;
     int t = 0, l = 0, err = 0, eg = 0;
@@ -168,15 +173,15 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
         int tin = tl, lin = ll;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            const long long a = __shfl_up_sync(0xffffffffu, rin, o);
-            const int b = __shfl_up_sync(0xffffffffu, tin, o);
-            const int c = __shfl_up_sync(0xffffffffu, lin, o);
+            const long long a = __shfl_up_sync(DL_FULL, rin, o);
+            const int b = __shfl_up_sync(DL_FULL, tin, o);
+            const int c = __shfl_up_sync(DL_FULL, lin, o);
             if (lane >= o) rin += a, tin += b, lin += c;
         }
         // Before the first negative size the prefix sums are exact, so the first error is
         // the earlier of the first negative size and the first sum past M.
-        const unsigned neg = __ballot_sync(0xffffffffu, g < G && sz < 0);
-        const unsigned over = __ballot_sync(0xffffffffu, g < G && r + rin > M);
+        const unsigned neg = __ballot_sync(DL_FULL, g < G && sz < 0);
+        const unsigned over = __ballot_sync(DL_FULL, g < G && r + rin > M);
         const int fn = neg ? __ffs(neg) - 1 : 32, fo = over ? __ffs(over) - 1 : 32;
         if (g < G) {
             rstart[g] = (int)(r + rin - sz);
@@ -186,12 +191,12 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
             const int at = min(fn, fo);
             err = fo < fn ? 2 : 1;
             eg = base + at;
-            ev = __shfl_sync(0xffffffffu, fo < fn ? r + rin : (long long)sz, at);
+            ev = __shfl_sync(DL_FULL, fo < fn ? r + rin : (long long)sz, at);
             break;
         }
-        r += __shfl_sync(0xffffffffu, rin, 31);
-        t += __shfl_sync(0xffffffffu, tin, 31);
-        l += __shfl_sync(0xffffffffu, lin, 31);
+        r += __shfl_sync(DL_FULL, rin, 31);
+        t += __shfl_sync(DL_FULL, tin, 31);
+        l += __shfl_sync(DL_FULL, lin, 31);
     }
     if (lane == 0) {
         if (!err) {
@@ -201,12 +206,7 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
                 sc->L = l, sc->T = t + l;
             }
         }
-        if (err && blockIdx.x == 0 && status) {
-            status[1] = eg;
-            status[2] = (int)max(min(ev, (long long)0x7fffffff), (long long)-0x7fffffff - 1);
-            __threadfence();
-            status[0] = err;
-        }
+        if (err && blockIdx.x == 0) dl_status_set(status, DL_STATUS_CODE(HB_STATUS_DOMAIN, op, err), eg, ev, M);
         for (int s = 0; s < S; s++) {
             hb_mbar_init(&full[s], 1);
             hb_mbar_init(&empty[s], 256);
@@ -243,7 +243,7 @@ __device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, co
 
 template <int BMN, int F32OUT>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
-                                           int Kc, int *status, int light, int *next) {
+                                           int Kc, i64 *status, int op, int light, int *next) {
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
@@ -260,7 +260,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, full, empty, HB_STAGES);
+        const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, op, full, empty, HB_STAGES);
         if (tid == 0) {
             bad = e;
             for (int i = 0; i < HB_TQ; i++) hb_mbar_init(&tbar[i], 1), hb_mbar_init(&tbar[HB_TQ + i], 256);
@@ -273,7 +273,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     // The warpgroup index, broadcast from lane 0 so that the compiler sees it uniform over
     // the warp: the branch on active below must not look divergent, or ptxas serializes
     // every wgmma (waiting for each before issuing the next).
-    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int wg = __shfl_sync(DL_FULL, tid / 128, 0);
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
@@ -404,7 +404,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
 // accumulation only. Then only 3 stages fit beside the 64 KB staging area.
 template <int F32OUT, int ACC, int STG>
 __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY, const dl_tmap *tmDW, void *dw, const int *sizes,
-                                         int G, int M, int K, int N, int *status) {
+                                         int G, int M, int K, int N, i64 *status, int op) {
     constexpr int S = STG ? 3 : HB_STAGES;
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
@@ -415,14 +415,14 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     __shared__ int bad;
     const int tid = threadIdx.x;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, 0, 0, nullptr, nullptr, nullptr, rstart, status, full, empty, S);
+        const int e = hb_setup(sizes, G, M, 0, 0, nullptr, nullptr, nullptr, rstart, status, op, full, empty, S);
         if (tid == 0) bad = e;
     }
     __syncthreads();
     if (bad) return;
     const int tk = (K + HB_BM - 1) / HB_BM, tn = (N + HB_BN - 1) / HB_BN;
     const int total = G * tk * tn;
-    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0); // uniform over the warp, as above
+    const int wg = __shfl_sync(DL_FULL, tid / 128, 0); // uniform over the warp, as above
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
@@ -572,7 +572,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, light, next);
+#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, next);
 #else
 #define HB_BODY(BMN, F32)
 #endif
@@ -580,7 +580,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #define HB_KERNEL(NAME, BMN, F32)                                                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
-             int M, int N, int Kc, int *status, int light, int *next) {                                                                        \
+             int M, int N, int Kc, i64 *status, int op, int light, int *next) {                                        \
         HB_BODY(BMN, F32)                                                                                                \
     }
 
@@ -590,7 +590,7 @@ HB_KERNEL(dl_hopper_mnmaj_bf16, 1, 0)
 HB_KERNEL(dl_hopper_mnmaj_f32, 1, 1)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_WBODY(F32, ACC, STG) hb_wgrad<F32, ACC, STG>(&tmX, &tmDY, &tmDW, dw, sizes, G, M, K, N, status);
+#define HB_WBODY(F32, ACC, STG) hb_wgrad<F32, ACC, STG>(&tmX, &tmDY, &tmDW, dw, sizes, G, M, K, N, status, op);
 #else
 #define HB_WBODY(F32, ACC, STG)
 #endif
@@ -598,7 +598,7 @@ HB_KERNEL(dl_hopper_mnmaj_f32, 1, 1)
 #define HB_WKERNEL(NAME, F32, ACC, STG)                                                                               \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                             \
         NAME(const __grid_constant__ dl_tmap tmX, const __grid_constant__ dl_tmap tmDY, const __grid_constant__ dl_tmap tmDW, \
-             void *dw, const int *sizes, int G, int M, int K, int N, int *status) {                                    \
+             void *dw, const int *sizes, int G, int M, int K, int N, i64 *status, int op) {                            \
         HB_WBODY(F32, ACC, STG)                                                                                       \
     }
 

@@ -1,14 +1,33 @@
 package hopper
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 )
 
-func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, Grouped) }
+func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, grouped) }
+
+// sizesRecord is a status record of the kernels as the tests' decoder of package gemm's
+// domain returns it (gemm, whose decoder words it, is not linked into these tests).
+type sizesRecord struct {
+	Op, Code int
+	V        [3]int64
+}
+
+func (r *sizesRecord) Error() string {
+	return fmt.Sprintf("op %d, code %d, values %v", r.Op, r.Code, r.V)
+}
+
+func init() {
+	device.RegisterStatus(1, func(op, code int, v [3]int64) error { return &sizesRecord{op, code, v} })
+}
 
 // reference computes y = a·B_g in float64 from bf16 inputs.
 func reference(a, b []float32, sizes []int32, M, Kc, N int, bMN bool) []float64 {
@@ -88,14 +107,14 @@ func TestGroupedGEMM(t *testing.T) {
 			}
 			b := dt.Must(device.FromFloat32(s, device.BF16, bv, shape...))
 			sz := dt.Must(device.FromSlice(s, device.I32, tc.sizes, G))
-			st := dt.Must(s.Alloc(device.I32, 4))
-			dt.NoErr(t, device.Fill(s, st, 0))
+			st := dt.Must(device.NewStatus(s))
+			defer st.Free()
 			y := dt.Must(s.Alloc(tc.out, tc.M, tc.N))
 			// A caller's counter, poisoned: the call must reset it before the GEMM reads it.
 			ctr := dt.Must(s.Alloc(device.I32, 1))
 			defer ctr.Free()
 			dt.Poison(t, s, y, ctr)
-			dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, st, ctr, tc.bMN))
+			dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, st, 1, ctr, tc.bMN))
 			got := dt.Must(y.Float32s(s))
 			want := reference(av, bv, tc.sizes, tc.M, tc.K, tc.N, tc.bMN)
 			var num, den float64
@@ -112,12 +131,10 @@ func TestGroupedGEMM(t *testing.T) {
 				}
 			}
 			t.Logf("relative error %.3g, %d bad of %d", math.Sqrt(num/den), bad, len(want))
-			stat := make([]int32, 4)
-			dt.NoErr(t, device.Download(s, st, stat))
-			if stat[0] != 0 {
-				t.Errorf("status %v", stat)
+			if err := st.Check(s); err != nil {
+				t.Errorf("status: %v", err)
 			}
-			for _, x := range []*device.Tensor{a, b, sz, st, y} {
+			for _, x := range []*device.Tensor{a, b, sz, y} {
 				x.Free()
 			}
 		})
@@ -148,8 +165,8 @@ func TestStreams(t *testing.T) {
 		shape []int
 		call  func(s *device.Stream, out *device.Tensor) error
 	}{
-		{"forward", []int{M, N}, func(s *device.Stream, y *device.Tensor) error { return GroupedGEMM(s, y, a, b, sz, nil, nil, true) }},
-		{"weight_grad", []int{G, K, N}, func(s *device.Stream, dw *device.Tensor) error { return WeightGrad(s, dw, a, dy, sz, nil, false) }},
+		{"forward", []int{M, N}, func(s *device.Stream, y *device.Tensor) error { return GroupedGEMM(s, y, a, b, sz, nil, 1, nil, true) }},
+		{"weight_grad", []int{G, K, N}, func(s *device.Stream, dw *device.Tensor) error { return WeightGrad(s, dw, a, dy, sz, nil, 3, false) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ref := dt.Must(s.Alloc(device.BF16, tc.shape...))
@@ -198,8 +215,8 @@ func manySizes(g, most int) []int32 {
 }
 
 // TestInvalidSizes: a negative size or sizes summing past M, past the first 32 groups
-// (the kernels scan the sizes 32 at a time), set the status to the first bad group and
-// leave the output as it was.
+// (the kernels scan the sizes 32 at a time), record the first bad group in the status,
+// with the call's op, and leave the output as it was.
 func TestInvalidSizes(t *testing.T) {
 	d := hopperGPU(t)
 	s := d.Stream()
@@ -207,10 +224,11 @@ func TestInvalidSizes(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		edit func(sz []int32)
-		want []int32
+		code int
+		v    [3]int64
 	}{
-		{"negative", func(sz []int32) { sz[40] = -3; sz[50] = 1000 }, []int32{1, 40, -3}},
-		{"past_m", func(sz []int32) { sz[45] = 500; sz[60] = -1 }, []int32{2, 45, 0}},
+		{"negative", func(sz []int32) { sz[40] = -3; sz[50] = 1000 }, 1, [3]int64{40, -3, M}},
+		{"past_m", func(sz []int32) { sz[45] = 500; sz[60] = -1 }, 2, [3]int64{45, 2*45 + 500, M}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sizes := make([]int32, 64)
@@ -218,35 +236,34 @@ func TestInvalidSizes(t *testing.T) {
 				sizes[i] = 2
 			}
 			tc.edit(sizes)
-			if tc.want[0] == 2 {
-				tc.want[2] = 2*45 + 500
-			}
 			sz := dt.Must(device.FromSlice(s, device.I32, sizes, len(sizes)))
 			a := dt.Must(s.Alloc(device.BF16, M, K))
 			dt.NoErr(t, device.Fill(s, a, 1))
 			for _, wg := range []bool{false, true} {
-				st := dt.Must(s.Alloc(device.I32, 4))
-				dt.NoErr(t, device.Fill(s, st, 0))
+				st := dt.Must(device.NewStatus(s))
+				op := 1
 				var out *device.Tensor
 				if wg {
 					dy := dt.Must(s.Alloc(device.BF16, M, N))
 					dt.NoErr(t, device.Fill(s, dy, 1))
 					out = dt.Must(s.Alloc(device.F32, len(sizes), K, N))
 					dt.NoErr(t, device.Fill(s, out, 7))
-					dt.NoErr(t, WeightGrad(s, out, a, dy, sz, st, false))
+					op = 3
+					dt.NoErr(t, WeightGrad(s, out, a, dy, sz, st, op, false))
 					dy.Free()
 				} else {
 					b := dt.Must(s.Alloc(device.BF16, len(sizes), K, N))
 					dt.NoErr(t, device.Fill(s, b, 1))
 					out = dt.Must(s.Alloc(device.F32, M, N))
 					dt.NoErr(t, device.Fill(s, out, 7))
-					dt.NoErr(t, GroupedGEMM(s, out, a, b, sz, st, nil, true))
+					dt.NoErr(t, GroupedGEMM(s, out, a, b, sz, st, op, nil, true))
 					b.Free()
 				}
-				stat := make([]int32, 4)
-				dt.NoErr(t, device.Download(s, st, stat))
-				if got := stat[:3]; got[0] != tc.want[0] || got[1] != tc.want[1] || got[2] != tc.want[2] {
-					t.Errorf("weight gradient %v: status %v, want %v", wg, got, tc.want)
+				var got *sizesRecord
+				if err := st.Check(s); !errors.As(err, &got) {
+					t.Errorf("weight gradient %v: status %v, want a record", wg, err)
+				} else if d := cmp.Diff(&sizesRecord{op, tc.code, tc.v}, got); d != "" {
+					t.Errorf("weight gradient %v: status record (-want +got):\n%s", wg, d)
 				}
 				vals := dt.Must(out.Float32s(s))
 				for i, v := range vals {
@@ -295,7 +312,7 @@ var benchCases = []struct {
 // benchGEMM times call, whose operands are a[M,K] and b[M or G·K, ·] (random bf16),
 // out (bf16) and uniform sizes, and reports 2·M·K·N flops per call as TFLOP/s.
 func benchGEMM(b *testing.B, G, M, K, N int, aShape, bShape, outShape []int,
-	call func(s *device.Stream, out, a, bt, sizes, status *device.Tensor) error) {
+	call func(s *device.Stream, out, a, bt, sizes *device.Tensor, st *device.Status) error) {
 	d := hopperGPU(b)
 	s := d.Stream()
 	a := dt.Must(s.Alloc(device.BF16, aShape...))
@@ -308,8 +325,8 @@ func benchGEMM(b *testing.B, G, M, K, N int, aShape, bShape, outShape []int,
 		sizes[i] = int32(M / G)
 	}
 	sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
-	st := dt.Must(s.Alloc(device.I32, 4))
-	dt.NoErr(b, device.Fill(s, st, 0))
+	st := dt.Must(device.NewStatus(s))
+	defer st.Free()
 	dt.NoErr(b, call(s, out, a, bt, sz, st))
 	dt.NoErr(b, s.Synchronize())
 	b.ResetTimer()
@@ -318,7 +335,7 @@ func benchGEMM(b *testing.B, G, M, K, N int, aShape, bShape, outShape []int,
 	}
 	dt.NoErr(b, s.Synchronize())
 	b.ReportMetric(2*float64(M)*float64(K)*float64(N)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
-	for _, x := range []*device.Tensor{a, bt, out, sz, st} {
+	for _, x := range []*device.Tensor{a, bt, out, sz} {
 		x.Free()
 	}
 }
@@ -332,8 +349,8 @@ func BenchmarkGrouped(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				benchGEMM(b, c.G, c.M, c.K, c.N, []int{c.M, c.K}, []int{c.G, c.K, c.N}, []int{c.M, c.N},
-					func(s *device.Stream, y, x, w, sz, st *device.Tensor) error {
-						return GroupedGEMM(s, y, x, w, sz, st, nil, mn)
+					func(s *device.Stream, y, x, w, sz *device.Tensor, st *device.Status) error {
+						return GroupedGEMM(s, y, x, w, sz, st, 1, nil, mn)
 					})
 			})
 		}
@@ -381,15 +398,15 @@ func TestWeightGrad(t *testing.T) {
 			x := dt.Must(device.FromFloat32(s, device.BF16, xv, tc.M, tc.K))
 			dy := dt.Must(device.FromFloat32(s, device.BF16, yv, tc.M, tc.N))
 			sz := dt.Must(device.FromSlice(s, device.I32, tc.sizes, G))
-			st := dt.Must(s.Alloc(device.I32, 4))
-			dt.NoErr(t, device.Fill(s, st, 0))
+			st := dt.Must(device.NewStatus(s))
+			defer st.Free()
 			dw := dt.Must(s.Alloc(tc.out, G, tc.K, tc.N))
 			if tc.acc {
 				dt.NoErr(t, dw.SetFloat32(s, base))
 			} else {
 				dt.Poison(t, s, dw)
 			}
-			dt.NoErr(t, WeightGrad(s, dw, x, dy, sz, st, tc.acc))
+			dt.NoErr(t, WeightGrad(s, dw, x, dy, sz, st, 3, tc.acc))
 			got := dt.Must(dw.Float32s(s))
 			var num, den float64
 			bad := 0
@@ -419,7 +436,10 @@ func TestWeightGrad(t *testing.T) {
 				row += int(n)
 			}
 			t.Logf("relative error %.3g, %d bad", math.Sqrt(num/den), bad)
-			for _, v := range []*device.Tensor{x, dy, sz, st, dw} {
+			if err := st.Check(s); err != nil {
+				t.Errorf("status: %v", err)
+			}
+			for _, v := range []*device.Tensor{x, dy, sz, dw} {
 				v.Free()
 			}
 		})
@@ -456,7 +476,7 @@ func TestWeightGradManyTiles(t *testing.T) {
 		}
 	}()
 	dt.Poison(t, s, dw)
-	dt.NoErr(t, WeightGrad(s, dw, x, dy, sz, nil, false))
+	dt.NoErr(t, WeightGrad(s, dw, x, dy, sz, nil, 3, false))
 	got := dt.Must(dw.Float32s(s))
 	for i, v := range got {
 		if math.IsNaN(float64(v)) {
@@ -479,8 +499,8 @@ func BenchmarkWeightGrad(b *testing.B) {
 	for _, c := range benchCases {
 		b.Run(c.name, func(b *testing.B) {
 			benchGEMM(b, c.G, c.M, c.K, c.N, []int{c.M, c.K}, []int{c.M, c.N}, []int{c.G, c.K, c.N},
-				func(s *device.Stream, dw, x, dy, sz, st *device.Tensor) error {
-					return WeightGrad(s, dw, x, dy, sz, st, false)
+				func(s *device.Stream, dw, x, dy, sz *device.Tensor, st *device.Status) error {
+					return WeightGrad(s, dw, x, dy, sz, st, 3, false)
 				})
 		})
 	}
