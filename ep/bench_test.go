@@ -138,36 +138,181 @@ func benchDC(b *testing.B, trs []ep.Transport, sc scen) {
 	}
 }
 
-func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (benchResult, error) {
-	var res benchResult
+// benchIn is one rank's inputs of a step: its layout, tokens x ([T, H] of the
+// scenario's dtype, all 0.5) and weights w (F32 [T, K], all 0.125).
+type benchIn struct {
+	*rank
+	l    *ep.Layout
+	x, w *device.Tensor
+}
+
+// newBenchIn makes rank tr's group for sc, its inputs and its layout of the routing idxv.
+func newBenchIn(tr ep.Transport, sc scen, idxv []int32) (*benchIn, error) {
 	rk, err := newRank(tr, sc, idxv)
 	if err != nil {
+		return nil, err
+	}
+	in := &benchIn{rank: rk}
+	s, T := rk.s, sc.T[tr.Rank()]
+	if in.w, err = s.Alloc(device.F32, T, sc.K); err == nil {
+		if in.x, err = s.Alloc(sc.dt, T, sc.H); err == nil {
+			err = errors.Join(device.Fill(s, in.w, 0.125), device.Fill(s, in.x, 0.5))
+		}
+	}
+	if err == nil {
+		in.l, err = rk.g.Layout(s, rk.idx)
+	}
+	if err != nil {
+		in.close()
+		return nil, err
+	}
+	return in, nil
+}
+
+func (in *benchIn) close() {
+	in.l.Free()
+	for _, t := range []*device.Tensor{in.x, in.w} {
+		if t != nil {
+			t.Free()
+		}
+	}
+	in.rank.close()
+}
+
+// step runs a Dispatch and a Combine of the expert rows unchanged (identity experts),
+// calling at(op) on the host before Dispatch ("D"), before Combine ("C") and after both
+// ("").
+func (in *benchIn) step(at func(op string) error) error {
+	if err := at("D"); err != nil {
+		return err
+	}
+	D, err := in.l.Dispatch(in.s, in.x, in.w)
+	if err != nil {
+		return err
+	}
+	defer D.Free()
+	if err := at("C"); err != nil {
+		return err
+	}
+	out, err := in.l.Combine(in.s, D.X, D.Weights)
+	if err != nil {
+		return err
+	}
+	if err := at(""); err != nil {
+		return err
+	}
+	return out.Free()
+}
+
+// warm runs two steps, so that kernels are compiled, pools grown and NCCL connected.
+func (in *benchIn) warm(tr ep.Transport) error {
+	none := func(string) error { return nil }
+	for range 2 {
+		if err := in.step(none); err != nil {
+			return err
+		}
+	}
+	return tr.Sync(in.s)
+}
+
+// tracer is a trace hook (ep.SetTrace) that records an event at each mark of the ops on
+// the stream that reaches it, and the host's time then.
+type tracer struct {
+	op    string    // the op of the marks: "D" (Dispatch) or "C" (Combine)
+	t0    time.Time // the host's origin
+	marks []traceMark
+	err   error
+}
+
+type traceMark struct {
+	op, at string // at is "" for the start of op
+	s      *device.Stream
+	e      *device.Event
+	host   time.Duration
+}
+
+func (t *tracer) hook(at string, s *device.Stream) {
+	e, err := s.Record()
+	if err != nil {
+		t.err = errors.Join(t.err, err)
+		return
+	}
+	t.marks = append(t.marks, traceMark{t.op, at, s, e, time.Since(t.t0)})
+}
+
+// begin marks the start of op on s, the op's stream: the marks that follow are op's.
+func (t *tracer) begin(op string, s *device.Stream) {
+	t.op = op
+	t.hook("", s)
+}
+
+func (t *tracer) close() {
+	for _, m := range t.marks {
+		m.e.Close()
+	}
+	t.marks = nil
+}
+
+// timeline describes each mark, once the device has reached them all: when the device
+// and the host reached it, in ms from the first mark, and the op and mark.
+func (t *tracer) timeline() ([]string, error) {
+	var out []string
+	for _, m := range t.marks {
+		d, err := m.e.Since(t.marks[0].e)
+		if err != nil {
+			return nil, err
+		}
+		at := m.at
+		if at == "" {
+			at = "start"
+		}
+		out = append(out, fmt.Sprintf("%7.3f (host %7.3f) %s %s", float64(d.Microseconds())/1e3,
+			float64((m.host-t.marks[0].host).Microseconds())/1e3, m.op, at))
+	}
+	return out, t.err
+}
+
+// phases returns the time of each phase of the traced ops, summed over them, once the
+// device has reached every mark. A phase ends at a mark and is named after the op and
+// the mark without its piece ("D pack" for "pack 2" in a Dispatch); on the device it
+// begins at the mark before on the same stream in the same op, or the op's start, and
+// on the host ("host D pack") at the mark before.
+func (t *tracer) phases() (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	var start traceMark
+	last := map[*device.Stream]*device.Event{}
+	var host time.Duration
+	for _, m := range t.marks {
+		if m.at == "" {
+			start, host = m, m.host
+			clear(last)
+			continue
+		}
+		from := last[m.s]
+		if from == nil {
+			from = start.e
+		}
+		d, err := m.e.Since(from)
+		if err != nil {
+			return nil, err
+		}
+		name := m.op + " " + strings.TrimRight(m.at, " 0123456789")
+		out[name] += d
+		out["host "+name] += m.host - host
+		last[m.s], host = m.e, m.host
+	}
+	return out, t.err
+}
+
+func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (benchResult, error) {
+	var res benchResult
+	in, err := newBenchIn(tr, sc, idxv)
+	if err != nil {
 		return res, err
 	}
-	defer rk.close()
-	d, s, g, idx := tr.Device(), rk.s, rk.g, rk.idx
+	defer in.close()
+	d, s, l := tr.Device(), in.s, in.l
 	T, K, H := sc.T[tr.Rank()], sc.K, sc.H
-	w, err := s.Alloc(device.F32, T, K)
-	if err != nil {
-		return res, err
-	}
-	defer w.Free()
-	x, err := s.Alloc(sc.dt, T, H)
-	if err != nil {
-		return res, err
-	}
-	defer x.Free()
-	if err := device.Fill(s, w, 0.125); err != nil {
-		return res, err
-	}
-	if err := device.Fill(s, x, 0.5); err != nil {
-		return res, err
-	}
-	l, err := g.Layout(s, idx)
-	if err != nil {
-		return res, err
-	}
-	defer l.Free()
 	rowB := int64(H * sc.dt.Size())
 	for p, c := range l.TokensTo() {
 		if p != tr.Rank() {
@@ -180,42 +325,7 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 		}
 	}
 	res.plain = int64(T*K) * rowB
-	op := "" // the op a trace mark belongs to
-	step := func(e0, e1, e2 *device.Event) error {
-		if e0 != nil {
-			if err := e0.Record(s); err != nil {
-				return err
-			}
-		}
-		op = "D"
-		D, err := l.Dispatch(s, x, w)
-		if err != nil {
-			return err
-		}
-		op = "C"
-		if e1 != nil {
-			if err := e1.Record(s); err != nil {
-				return err
-			}
-		}
-		out, err := l.Combine(s, D.X, D.Weights)
-		if err != nil {
-			return err
-		}
-		if e2 != nil {
-			if err := e2.Record(s); err != nil {
-				return err
-			}
-		}
-		D.Free()
-		return out.Free()
-	}
-	for range 2 { // warm up: kernels compiled, pool grown, NCCL connected
-		if err := step(nil, nil, nil); err != nil {
-			return res, err
-		}
-	}
-	if err := tr.Sync(s); err != nil {
+	if err := in.warm(tr); err != nil {
 		return res, err
 	}
 	evs := make([]*device.Event, 3*n)
@@ -230,41 +340,33 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 	}
 	// The last step has its points marked: the timeline of the overlap, on the device
 	// and (when the host reached each point) on the host, from the step's start.
-	type mark struct {
-		at   string
-		e    *device.Event
-		host time.Duration
-	}
-	var marks []mark
-	var hostStart time.Time
-	trace := func(at string, ms *device.Stream) {
-		if e, err := ms.Record(); err == nil {
-			marks = append(marks, mark{op + " " + at, e, time.Since(hostStart)})
-		}
-	}
+	trace := &tracer{}
+	defer trace.close()
 	t0 := time.Now()
 	for i := range n {
-		if i == n-1 {
-			hostStart = time.Now()
-			ep.SetTrace(g, trace)
+		traced := i == n-1
+		if traced {
+			trace.t0 = time.Now()
+			ep.SetTrace(in.g, trace.hook)
 		}
-		if err := step(evs[3*i], evs[3*i+1], evs[3*i+2]); err != nil {
+		err := in.step(func(op string) error {
+			e := map[string]*device.Event{"D": evs[3*i], "C": evs[3*i+1], "": evs[3*i+2]}[op]
+			if traced && op != "" {
+				trace.begin(op, s)
+			}
+			return e.Record(s)
+		})
+		if err != nil {
 			return res, err
 		}
 	}
 	res.host = time.Since(t0)
-	ep.SetTrace(g, nil)
+	ep.SetTrace(in.g, nil)
 	if err := tr.Sync(s); err != nil {
 		return res, err
 	}
-	for _, m := range marks {
-		d, err := m.e.Since(evs[3*(n-1)])
-		m.e.Close()
-		if err != nil {
-			return res, err
-		}
-		res.timeline = append(res.timeline, fmt.Sprintf("%7.3f (host %7.3f) %s", float64(d.Microseconds())/1e3,
-			float64(m.host.Microseconds())/1e3, m.at))
+	if res.timeline, err = trace.timeline(); err != nil {
+		return res, err
 	}
 	for i := range n {
 		a, err1 := evs[3*i+1].Since(evs[3*i])
@@ -278,27 +380,37 @@ func benchRank(tr ep.Transport, sc scen, idxv []int32, n int, ph *phaser) (bench
 	return res, nil
 }
 
-// BenchmarkPhases times each phase of Dispatch and Combine alone on rank 0 (the same
-// setting as BenchmarkDispatchCombine, uniform routing): packing, the transfer in one
-// piece and in Config.Chunks pieces, the chunked transfer beside the replication of the
-// rank's own rows, replication, weighted and final sums, in ms, and the host's time to
-// enqueue each (ms-host-...). On GPUs also with the former grid of the row kernels.
+// BenchmarkPhases times the phases of Dispatch and Combine (the setting of
+// BenchmarkDispatchCombine, uniform routing) as the real ops run them, through their
+// trace marks (ep.SetTrace), and reports on rank 0 the mean per step in ms of each: the
+// time from the mark before on the same stream, or the op's start, to the mark that
+// ends the phase, named "ms-D-NAME" or "ms-C-NAME" after the op and the mark without
+// its piece, summed over the pieces. Through the transport: D-pack the packing of the
+// rows for other ranks, D-transfer the transfers on the transfer stream (D-transfer-start
+// its wait for the packing), D-place-own the replication of the rank's own rows, D-wait
+// the op's stream waiting for the pieces, D-place the replication of the received rows;
+// C-pack the weighted sums of the received rows, C-sums-own those of the rank's own,
+// C-final-local and C-final the final sums; with direct transfers D-sent and C-sent are
+// the packing into the peers' memory. ms-host-... is the host's time from the mark
+// before. On GPUs also with the former grid of the row kernels and with transfers in
+// one piece.
 func BenchmarkPhases(b *testing.B) {
 	for _, d := range dt.Devices(b) {
 		for _, cfg := range []struct {
 			threads int
 			perSM   float64
-		}{{0, 0}, {256, 4}} {
+			chunks  int
+		}{{0, 0, 0}, {256, 4, 0}, {0, 0, 1}} {
 			name := d.String()
-			if cfg.threads != 0 {
+			if cfg.threads != 0 || cfg.chunks != 0 {
 				if !d.IsCUDA() {
 					continue
 				}
-				name += fmt.Sprintf("/threads=%d/perSM=%g", cfg.threads, cfg.perSM)
+				name += fmt.Sprintf("/threads=%d/perSM=%g/chunks=%d", cfg.threads, cfg.perSM, cfg.chunks)
 			}
 			b.Run(name, func(b *testing.B) {
 				defer ep.Tune(cfg.threads, cfg.perSM, 0)()
-				trs, sc := benchWorld(b, d, "uniform", 0)
+				trs, sc := benchWorld(b, d, "uniform", cfg.chunks)
 				res, err := onRanks(trs, sc, func(tr ep.Transport, idx []int32) (map[string]time.Duration, error) {
 					return phasesRank(tr, sc, idx, b.N)
 				})
@@ -311,25 +423,38 @@ func BenchmarkPhases(b *testing.B) {
 	}
 }
 
+// phasesRank runs n traced steps on rank tr after warming up, and returns the mean time
+// of each phase per step.
 func phasesRank(tr ep.Transport, sc scen, idxv []int32, n int) (map[string]time.Duration, error) {
-	rk, err := newRank(tr, sc, idxv)
+	in, err := newBenchIn(tr, sc, idxv)
 	if err != nil {
 		return nil, err
 	}
-	defer rk.close()
-	s := rk.s
-	x, err := s.Alloc(sc.dt, sc.T[tr.Rank()], sc.H)
-	if err != nil {
+	defer in.close()
+	if err := in.warm(tr); err != nil {
 		return nil, err
 	}
-	defer x.Free()
-	if err := device.Fill(s, x, 0.5); err != nil {
+	trace := &tracer{t0: time.Now()}
+	defer trace.close()
+	ep.SetTrace(in.g, trace.hook)
+	defer ep.SetTrace(in.g, nil)
+	for range n {
+		err := in.step(func(op string) error {
+			if op != "" {
+				trace.begin(op, in.s)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := tr.Sync(in.s); err != nil {
 		return nil, err
 	}
-	l, err := rk.g.Layout(s, rk.idx)
-	if err != nil {
-		return nil, err
+	out, err := trace.phases()
+	for name := range out {
+		out[name] /= time.Duration(n)
 	}
-	defer l.Free()
-	return l.Phases(s, x, n)
+	return out, err
 }

@@ -100,27 +100,27 @@ func balanced(tokens, k, ranks int) float64 { return float64(k) * float64(tokens
 type Overflow int
 
 const (
-	// Error fails Layout on every rank, with a *CapacityError that says how many rows
-	// are needed. It is the default. See Config.CheckEvery.
-	Error Overflow = iota
-	// Drop keeps the rows that fit, in expert-major order, and drops the rest: they are
-	// counted (Layout.Dropped), not sent to an expert, and contribute zero to Combine and
-	// to the gradients.
-	Drop
+	// FailOnOverflow fails Layout on every rank, with a *CapacityError that says how
+	// many rows are needed. It is the default. See Config.CheckEvery.
+	FailOnOverflow Overflow = iota
+	// DropOverflow keeps the rows that fit, in expert-major order, and drops the rest:
+	// they are counted (Layout.Dropped), not sent to an expert, and contribute zero to
+	// Combine and to the gradients.
+	DropOverflow
 )
 
 func (o Overflow) String() string {
 	switch o {
-	case Error:
-		return "Error"
-	case Drop:
-		return "Drop"
+	case FailOnOverflow:
+		return "FailOnOverflow"
+	case DropOverflow:
+		return "DropOverflow"
 	}
 	return fmt.Sprintf("Overflow(%d)", int(o))
 }
 
 // CapacityError is the error of Layout when a rank's demand exceeds its capacity under
-// the Error policy. Every rank returns the same one.
+// the FailOnOverflow policy. Every rank returns the same one.
 type CapacityError struct {
 	Rank     int      // the rank that needs the most rows beyond its capacity
 	Need     int      // expert rows that rank needs: a capacity of Rows(Need) would do
@@ -135,7 +135,7 @@ func (e *CapacityError) Error() string {
 	if e.Steps > 1 {
 		s += fmt.Sprintf(" (largest need of the last %d steps)", e.Steps)
 	}
-	return s + fmt.Sprintf("; use Rows(%d) or Factor(%g) or more, Dropless, or Drop", e.Need, e.Factor)
+	return s + fmt.Sprintf("; use Rows(%d) or Factor(%g) or more, Dropless, or DropOverflow", e.Need, e.Factor)
 }
 
 // Config describes an expert-parallel layer to NewGroup.
@@ -148,13 +148,14 @@ type Config struct {
 	// Capacity sizes the expert-major buffers; the zero value is Dropless.
 	Capacity Capacity
 	// Overflow is the policy when a rank is routed more rows than its capacity; the zero
-	// value is Error.
+	// value is FailOnOverflow.
 	Overflow Overflow
-	// CheckEvery, under Error, is how often the capacity is checked: 0 or 1 checks every
-	// Layout, before any payload moves (the demand is known on the host after Layout's
-	// count exchange, so this costs nothing). N > 1 checks every N-th Layout: in between,
-	// rows past the capacity are dropped as under Drop, and the N-th Layout fails if any
-	// overflow happened since the last check, with the largest need.
+	// CheckEvery, under FailOnOverflow, is how often the capacity is checked: 0 or 1
+	// checks every Layout, before any payload moves (the demand is known on the host
+	// after Layout's count exchange, so this costs nothing). N > 1 checks every N-th
+	// Layout: in between, rows past the capacity are dropped as under DropOverflow, and
+	// the N-th Layout fails if any overflow happened since the last check, with the
+	// largest need.
 	CheckEvery int
 	// Chunks is the number of pieces each transfer of Dispatch and Combine is split
 	// into, so that packing, transfer and replication overlap. 0 means 1 on the CPU, 4 on
@@ -180,8 +181,8 @@ func (c *Config) check(ranks int) error {
 		return fmt.Errorf("ep: Config.Experts = %d is not a multiple of the %d ranks", c.Experts, ranks)
 	case c.TopK < 1 || c.TopK > MaxTopK:
 		return fmt.Errorf("ep: Config.TopK = %d: want 1 to %d", c.TopK, MaxTopK)
-	case c.Overflow != Error && c.Overflow != Drop:
-		return fmt.Errorf("ep: Config.Overflow = %v: want Error or Drop", c.Overflow)
+	case c.Overflow != FailOnOverflow && c.Overflow != DropOverflow:
+		return fmt.Errorf("ep: Config.Overflow = %v: want FailOnOverflow or DropOverflow", c.Overflow)
 	case c.CheckEvery < 0:
 		return fmt.Errorf("ep: Config.CheckEvery = %d: want 0 or more", c.CheckEvery)
 	case c.Chunks < 0 || c.Chunks > maxChunks:

@@ -32,15 +32,21 @@
 // DispatchBackward is a combine of the row gradients (plus the weight gradients sent
 // back to their tokens).
 //
+// Every rank's group has the same Config, and every rank passes each op rows of the
+// same width and dtype. The first Layout checks the Config (one small all-gather, once
+// per group); an in-process World also checks the rows of each op. Either fails every
+// rank with an error that names the setting and the ranks of each value. Every op's
+// outputs are new tensors that alias none of its inputs.
+//
 // # Capacity
 //
 // The expert-major buffers have Capacity rows: Dropless (the worst case, the default),
 // Exact (this step's demand), Factor(f) over the balanced load, or Rows(n). When a rank
-// is routed more rows than that, Config.Overflow decides: Error (the default) fails
-// Layout on every rank with a *CapacityError that names the size needed, at once or
-// every Config.CheckEvery steps; Drop keeps the rows that fit in expert-major order and
-// counts the others, which contribute zero. Nothing traps on the device and nothing is
-// cut silently.
+// is routed more rows than that, Config.Overflow decides: FailOnOverflow (the default)
+// fails Layout on every rank with a *CapacityError that names the size needed, at once
+// or every Config.CheckEvery steps; DropOverflow keeps the rows that fit in expert-major
+// order and counts the others, which contribute zero. Nothing traps on the device and
+// nothing is cut silently.
 //
 // # Transports
 //
@@ -51,11 +57,12 @@
 // time): one process per GPU with the id published over TCP from rank 0 as torchrun's
 // variables say, or one process driving several GPUs. All-to-all-v is a group of
 // ncclSend and ncclRecv on the op's stream. A rank that dies or never arrives makes the
-// others fail within the timeout ($DROPLESS_EP_TIMEOUT), not hang: the rendezvous has
-// deadlines, communicators are non-blocking, and host waits poll with a deadline, then
-// abort the communicator. Dispatch, Combine and the backward passes do not wait: wait
-// for their results with Transport.Sync, which has that deadline, rather than with
-// Stream.Synchronize or a copy to the host, which wait as long as the transfers do.
+// others fail within the timeout ($DROPLESS_EP_TIMEOUT, a duration such as 90s), not
+// hang: the rendezvous has deadlines, communicators are non-blocking, and host waits
+// poll with a deadline, then abort the communicator. Dispatch, Combine and the backward
+// passes do not wait: wait for their results with Transport.Sync, which has that
+// deadline, rather than with Stream.Synchronize or a copy to the host, which wait as
+// long as the transfers do.
 //
 // Between NCCL ranks on distinct GPUs that can address each other's memory (GPUs of one
 // host over NVLink or PCIe, in one process or several), Dispatch, Combine and the

@@ -11,10 +11,10 @@ import (
 //go:embed kernels/ep.cu
 var kernelSrc string
 
-// Kernels is the program of the package's CUDA kernels (ep/kernels/ep.cu).
-var Kernels = device.NewProgram("ep.cu", kernelSrc)
+// kernels is the program of the package's CUDA kernels (kernels/ep.cu).
+var kernels = device.NewProgram("ep.cu", kernelSrc)
 
-// gpuBackend launches the kernels of Kernels.
+// gpuBackend runs the operations with the kernels of ep.cu.
 type gpuBackend struct {
 	dev *device.Device
 	g   *Group // for its transfer stream and whether it transfers directly
@@ -25,16 +25,8 @@ const (
 	maxEntries = 1024
 )
 
-// opt passes a tensor that may be nil as a kernel argument (a null pointer).
-func opt(t *device.Tensor) any {
-	if t == nil {
-		return uint64(0)
-	}
-	return t
-}
-
 func (b *gpuBackend) launch(s *device.Stream, name string, grid, smem int, args ...any) error {
-	k, err := b.dev.Kernel(Kernels, name)
+	k, err := b.dev.Kernel(kernels, name)
 	if err != nil {
 		return err
 	}
@@ -71,7 +63,7 @@ func (b *gpuBackend) rowGrid(n int, pack bool) int {
 
 // rowLaunch launches row kernel name over n rows.
 func (b *gpuBackend) rowLaunch(s *device.Stream, name string, n int, args ...any) error {
-	k, err := b.dev.Kernel(Kernels, name)
+	k, err := b.dev.Kernel(kernels, name)
 	if err != nil {
 		return err
 	}
@@ -102,23 +94,16 @@ func vecName(rb int, ts ...*device.Tensor) string {
 }
 
 // vec8 reports whether the arithmetic kernels may move 8 elements as 16-byte words.
-func vec8(h int, ts ...*device.Tensor) int32 {
-	if h%8 == 0 && aligned(16, ts...) {
-		return 1
-	}
-	return 0
-}
+func vec8(h int, ts ...*device.Tensor) bool { return h%8 == 0 && aligned(16, ts...) }
 
-func dtName(dt device.DType) (string, error) {
+// checkArith returns an error unless the arithmetic kernels (ep_wsum_*, ep_final_sum_*,
+// ep_rscale_*, named by dtype) exist for dt: f32, bf16 and f16.
+func checkArith(dt device.DType) error {
 	switch dt {
-	case device.F32:
-		return "f32", nil
-	case device.BF16:
-		return "bf16", nil
-	case device.F16:
-		return "f16", nil
+	case device.F32, device.BF16, device.F16:
+		return nil
 	}
-	return "", fmt.Errorf("ep: no GPU arithmetic for %v", dt)
+	return fmt.Errorf("ep: no GPU arithmetic for %v", dt)
 }
 
 func i32(n int) int32 { return int32(n) }
@@ -161,11 +146,11 @@ func (b *gpuBackend) sort(s *device.Stream, keys *device.Tensor, n, w, stride, n
 		return err
 	}
 	defer off.Free()
-	k, err := b.dev.Kernel(Kernels, "ep_sort_offsets")
+	k, err := b.dev.Kernel(kernels, "ep_sort_offsets")
 	if err != nil {
 		return err
 	}
-	if err := k.Launch(s, device.D1(1), device.D1(1), 0, total, i32(nkeys), i32(capacity), off, opt(kept)); err != nil {
+	if err := k.Launch(s, device.D1(1), device.D1(1), 0, total, i32(nkeys), i32(capacity), off, kept); err != nil {
 		return err
 	}
 	if pos == nil {
@@ -176,11 +161,11 @@ func (b *gpuBackend) sort(s *device.Stream, keys *device.Tensor, n, w, stride, n
 
 func (b *gpuBackend) localCounts(s *device.Stream, idx, sendRow, vec *device.Tensor, E, L int) error {
 	T, K, R := idx.Dim(0), idx.Dim(1), sendRow.Dim(1)
-	tmp := &temps{s: s}
-	defer tmp.free()
-	bad, keys, tok, exp := tmp.alloc(device.I32, 2), tmp.alloc(device.I32, T, R), tmp.alloc(device.I32, R), tmp.alloc(device.I32, E)
-	if tmp.err != nil {
-		return tmp.err
+	tmp := device.NewTemps(s)
+	defer tmp.Free()
+	bad, keys, tok, exp := tmp.Alloc(device.I32, 2), tmp.Alloc(device.I32, T, R), tmp.Alloc(device.I32, R), tmp.Alloc(device.I32, E)
+	if err := tmp.Err(); err != nil {
+		return err
 	}
 	if err := device.Fill(s, bad, math.MaxInt32); err != nil {
 		return err
@@ -230,7 +215,7 @@ func (b *gpuBackend) gather(s *device.Stream, dst, src, rowMap *device.Tensor) e
 	if n == 0 || rb == 0 {
 		return nil
 	}
-	return b.rowLaunch(s, "ep_gather_"+vecName(rb, dst, src), n, dst, src, opt(rowMap), int64(n), int64(rb))
+	return b.rowLaunch(s, "ep_gather_"+vecName(rb, dst, src), n, dst, src, rowMap, int64(n), int64(rb))
 }
 
 func (b *gpuBackend) replicate(s *device.Stream, X, W, src, srcW, rowMap, slot *device.Tensor) error {
@@ -241,7 +226,7 @@ func (b *gpuBackend) replicate(s *device.Stream, X, W, src, srcW, rowMap, slot *
 	if W == nil {
 		srcW = nil
 	}
-	return b.rowLaunch(s, "ep_replicate_"+vecName(rb, X, src), n, X, opt(W), src, opt(srcW), opt(rowMap), slot, int64(n), i32(K), int64(rb))
+	return b.rowLaunch(s, "ep_replicate_"+vecName(rb, X, src), n, X, W, src, srcW, rowMap, slot, int64(n), i32(K), int64(rb))
 }
 
 func (b *gpuBackend) wsum(s *device.Stream, dst, y, w, slot *device.Tensor) error {
@@ -249,11 +234,10 @@ func (b *gpuBackend) wsum(s *device.Stream, dst, y, w, slot *device.Tensor) erro
 	if n == 0 {
 		return nil
 	}
-	dn, err := dtName(y.DType())
-	if err != nil {
+	if err := checkArith(y.DType()); err != nil {
 		return err
 	}
-	return b.rowLaunch(s, "ep_wsum_"+dn, n, dst, y, opt(w), slot, int64(n), i32(K), int64(H), vec8(H, dst, y))
+	return b.rowLaunch(s, "ep_wsum_"+y.DType().String(), n, dst, y, w, slot, int64(n), i32(K), int64(H), vec8(H, dst, y))
 }
 
 func (b *gpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tensor, part *finalPart) error {
@@ -261,16 +245,15 @@ func (b *gpuBackend) finalSum(s *device.Stream, out, back, sendRow *device.Tenso
 	if T == 0 {
 		return nil
 	}
-	dn, err := dtName(out.DType())
-	if err != nil {
+	if err := checkArith(out.DType()); err != nil {
 		return err
 	}
-	var offs any = uint64(0)
+	var offs *device.Tensor // null: every token
 	rank, c, C := int32(0), int32(0), int32(1)
 	if part != nil {
 		offs, rank, c, C = part.dev, i32(part.rank), i32(part.c), i32(part.C)
 	}
-	return b.rowLaunch(s, "ep_final_sum_"+dn, T, out, back, sendRow, int64(T), i32(R), int64(H), vec8(H, out, back),
+	return b.rowLaunch(s, "ep_final_sum_"+out.DType().String(), T, out, back, sendRow, int64(T), i32(R), int64(H), vec8(H, out, back),
 		offs, rank, C, c)
 }
 
@@ -279,11 +262,10 @@ func (b *gpuBackend) replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot
 	if n == 0 {
 		return nil
 	}
-	dn, err := dtName(dy.DType())
-	if err != nil {
+	if err := checkArith(dy.DType()); err != nil {
 		return err
 	}
-	return b.rowLaunch(s, "ep_rscale_"+dn, n, dy, opt(dw), src, opt(rowMap), slot, opt(w), opt(y),
+	return b.rowLaunch(s, "ep_rscale_"+dy.DType().String(), n, dy, dw, src, rowMap, slot, w, y,
 		int64(n), i32(K), int64(H), vec8(H, dy, src, y))
 }
 

@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -28,20 +29,30 @@ type Group struct {
 	win    *window // direct transfers (peer.go), set up by the first op
 	noPeer bool    // payload goes through the transport
 
+	agreed bool // the ranks' settings were found alike (agree), at the first Layout
+	closed bool
+
 	step    int // layouts since the last capacity check (CheckEvery > 1)
 	pending *CapacityError
 	dropped int64
 }
 
 // NewGroup returns rank tr.Rank()'s group. It checks cfg: E must be a multiple of the
-// ranks, TopK in [1, MaxTopK]. The group holds a second stream of tr's device for
-// transfers; Close releases it.
+// ranks, TopK in [1, MaxTopK]. Every rank's cfg must be the same (the first Layout
+// checks it). The group holds a second stream of tr's device for transfers; Close
+// releases it.
 func NewGroup(tr Transport, cfg Config) (*Group, error) {
 	if tr == nil {
 		return nil, errors.New("ep: NewGroup: nil transport")
 	}
 	if err := cfg.check(tr.Size()); err != nil {
 		return nil, err
+	}
+	if r, n := tr.Rank(), tr.Size(); r < 0 || r >= n {
+		return nil, fmt.Errorf("ep: NewGroup: the transport's rank %d is not one of its %d ranks", r, n)
+	}
+	if tr.Device() == nil {
+		return nil, fmt.Errorf("ep: NewGroup: rank %d's transport has no device", tr.Rank())
 	}
 	g := &Group{tr: tr, cfg: cfg, dev: tr.Device(), rank: tr.Rank(), r: tr.Size(), e: cfg.Experts, l: cfg.Experts / tr.Size(), k: cfg.TopK}
 
@@ -68,6 +79,13 @@ func NewGroup(tr Transport, cfg Config) (*Group, error) {
 // it waits for the other ranks through the transport, since they write into this rank's
 // window, and the ranks close their groups together.
 func (g *Group) Close() error {
+	if g == nil {
+		return errors.New("ep: Close: nil Group")
+	}
+	if g.closed {
+		return nil
+	}
+	g.closed = true
 	var err error
 	if g.win != nil {
 		err = g.dropWindow(g.cs)
@@ -150,10 +168,14 @@ type Layout struct {
 // each rank learns the routing of the rows it will receive and places them. It waits
 // for the count exchange (one host synchronization). Invalid expert ids (outside [-1,
 // E), or repeated within a row) on any rank fail Layout on every rank, as does overflow
-// under the Error policy (a *CapacityError).
+// under the FailOnOverflow policy (a *CapacityError). The first Layout of a group also
+// checks that every rank's group has the same Config (but Config.TransportOnly),
+// failing on every rank with an error that names the setting and the ranks of each
+// value. topkIdx is only read (Layout keeps a copy); the layout's tensors are new, on
+// the group's device, allocated and freed in stream order on s. Work is enqueued on s.
 func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error) {
-	if s == nil || s.Device() != g.dev {
-		return nil, fmt.Errorf("ep: Layout: stream not on the group's device %v", g.dev)
+	if err := g.usable(s, "Layout"); err != nil {
+		return nil, err
 	}
 	if topkIdx == nil {
 		return nil, errors.New("ep: Layout: topk_idx is nil")
@@ -168,6 +190,12 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 	if T*K >= math.MaxInt32 || T*R >= math.MaxInt32 {
 		return nil, fmt.Errorf("ep: Layout: %d tokens: too many for %d ranks and top-%d", T, R, K)
 	}
+	if !g.agreed {
+		if err := g.agree(s); err != nil {
+			return nil, err
+		}
+		g.agreed = true
+	}
 	l := &Layout{g: g, t: T}
 	ok := false
 	defer func() {
@@ -176,22 +204,16 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 		}
 	}()
 	var err error
-	alloc := func(shape ...int) *device.Tensor {
-		if err != nil {
-			return nil
-		}
-		var x *device.Tensor
-		x, err = s.Alloc(device.I32, shape...)
-		return x
-	}
+	// own holds the layout's tensors, which l.Free frees after a failure; tmp this
+	// call's temporaries.
+	own, tmp := device.NewTemps(s), device.NewTemps(s)
+	defer tmp.Free()
 	W := 4 + L
-	l.idx, l.sendRow = alloc(T, K), alloc(T, R)
-	vec, all := alloc(R, W), alloc(R*R, W)
-	if err != nil {
+	l.idx, l.sendRow = own.Alloc(device.I32, T, K), own.Alloc(device.I32, T, R)
+	vec, all := tmp.Alloc(device.I32, R, W), tmp.Alloc(device.I32, R*R, W)
+	if err := cmp.Or(own.Err(), tmp.Err()); err != nil {
 		return nil, err
 	}
-	defer vec.Free()
-	defer all.Free()
 	if err := device.Copy(s, l.idx, topkIdx); err != nil {
 		return nil, err
 	}
@@ -230,12 +252,11 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 	// Tell each rank the routing of the rows it will receive, and place them.
 	r := g.rank
 	S, Rv := l.sendOff[R], l.recvOff[R]
-	l.sendTok, l.meta, l.slot, l.counts = alloc(S), alloc(Rv, K+1), alloc(Rv, K), alloc(L)
-	sendMeta := alloc(S, K+1)
-	if err != nil {
+	l.sendTok, l.meta, l.slot, l.counts = own.Alloc(device.I32, S), own.Alloc(device.I32, Rv, K+1), own.Alloc(device.I32, Rv, K), own.Alloc(device.I32, L)
+	sendMeta := tmp.Alloc(device.I32, S, K+1)
+	if err := cmp.Or(own.Err(), tmp.Err()); err != nil {
 		return nil, err
 	}
-	defer sendMeta.Free()
 	if err := g.be.packMeta(s, l.idx, l.sendRow, l.sendTok, sendMeta, L); err != nil {
 		return nil, err
 	}
@@ -247,7 +268,8 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 		}
 	}
 	x := &Exchange{Send: []*device.Tensor{sendMeta}, Recv: []*device.Tensor{l.meta},
-		SendOff: l.sendOff[:R], SendCount: others(l.tokTo, r), RecvOff: l.recvOff[:R], RecvCount: others(l.tokFrom, r)}
+		SendOff: l.sendOff[:R], SendCount: others(l.tokTo, r), RecvOff: l.recvOff[:R], RecvCount: others(l.tokFrom, r),
+		op: "Layout", names: []string{"routing"}}
 	if err := g.tr.AllToAllV(s, x); err != nil {
 		return nil, err
 	}
@@ -332,7 +354,7 @@ func (l *Layout) plan(host []int32) error {
 			over = &CapacityError{Rank: d, Need: demand, Capacity: c, Policy: g.cfg.Capacity, Factor: f, Steps: 1}
 		}
 	}
-	if g.cfg.Overflow == Error {
+	if g.cfg.Overflow == FailOnOverflow {
 		if n := g.cfg.CheckEvery; n <= 1 {
 			if over != nil {
 				return over
@@ -366,8 +388,12 @@ func (l *Layout) plan(host []int32) error {
 	return nil
 }
 
-// Free releases the layout's device memory, in stream order on the stream it was made on.
+// Free releases the layout's device memory, in stream order on the stream it was made
+// on. Freeing a nil layout does nothing.
 func (l *Layout) Free() error {
+	if l == nil {
+		return nil
+	}
 	var errs []error
 	for _, x := range []*device.Tensor{l.idx, l.sendRow, l.sendTok, l.meta, l.slot, l.counts, l.offs} {
 		if x != nil {
@@ -397,7 +423,7 @@ func (l *Layout) Dropped() int { return l.demand - l.Rows() }
 func (l *Layout) Counts() []int { return append([]int(nil), l.countsHost...) }
 
 // ExpertCounts returns Counts on the device: I32, one entry per local expert, owned by
-// the layout.
+// the layout (Layout.Free frees it).
 func (l *Layout) ExpertCounts() *device.Tensor { return l.counts }
 
 // TokensTo returns how many tokens this rank sends to each rank (itself included): a
@@ -413,14 +439,15 @@ func (l *Layout) ExpertEntries() []int { return append([]int(nil), l.expTo...) }
 // RankTokens returns the number of tokens of every rank.
 func (l *Layout) RankTokens() []int { return append([]int(nil), l.tokens...) }
 
-// SendRows returns I32 [T, R], owned by the layout: for token t and rank d, the row of
-// (t, d) in the order tokens are sent (by rank, then token), or -1 when t does not go
-// to d. SendRows ≥ 0 is DeepEP's is_token_in_rank.
+// SendRows returns I32 [T, R], owned by the layout (Layout.Free frees it): for token t
+// and rank d, the row of (t, d) in the order tokens are sent (by rank, then token), or
+// -1 when t does not go to d. SendRows ≥ 0 is DeepEP's is_token_in_rank.
 func (l *Layout) SendRows() *device.Tensor { return l.sendRow }
 
 // Origins returns I32 [Capacity, 3] on s's device: for each row of the expert-major
 // buffers, the (source rank, source token, k) it holds, or (-1, -1, -1) for rows past
-// the kept ones. It is the map back from the experts to the tokens.
+// the kept ones. It is the map back from the experts to the tokens: a new tensor,
+// allocated and computed on s, that aliases none of the layout's.
 func (l *Layout) Origins(s *device.Stream) (*device.Tensor, error) {
 	if err := l.usable(s, "Origins"); err != nil {
 		return nil, err
@@ -440,12 +467,32 @@ func (l *Layout) Origins(s *device.Stream) (*device.Tensor, error) {
 	return out, nil
 }
 
+// usable returns an error unless l is a live layout of an open group and s a stream
+// of its device.
 func (l *Layout) usable(s *device.Stream, op string) error {
-	if s == nil || s.Device() != l.g.dev {
-		return fmt.Errorf("ep: %s: stream not on the group's device %v", op, l.g.dev)
+	if l == nil {
+		return fmt.Errorf("ep: %s: nil Layout", op)
+	}
+	if err := l.g.usable(s, op); err != nil {
+		return err
 	}
 	if l.slot == nil || l.slot.Freed() {
 		return fmt.Errorf("ep: %s: layout was freed", op)
+	}
+	return nil
+}
+
+// usable returns an error unless g is an open group and s a stream of its device.
+func (g *Group) usable(s *device.Stream, op string) error {
+	switch {
+	case g == nil:
+		return fmt.Errorf("ep: %s: nil Group", op)
+	case g.closed:
+		return fmt.Errorf("ep: %s: the group was closed", op)
+	case s == nil:
+		return fmt.Errorf("ep: %s: nil stream", op)
+	case s.Device() != g.dev:
+		return fmt.Errorf("ep: %s: stream of %v, want one of the group's device %v", op, s.Device(), g.dev)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package ep
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,16 +16,18 @@ import (
 // goroutine like a real rank. Ranks may live on the CPU or on GPUs (all on one, or one
 // each), whose tensors move through host memory. It counts the bytes each rank sends
 // to each other rank. Every error (a rank's bad call, mismatched calls, a rank that
-// closes, or one that keeps the others waiting past the timeout) aborts the world: all
-// ranks' calls then fail with it.
+// closes or panics in Run, or ranks that keep the others waiting past the timeout,
+// which the error names) aborts the world: all ranks' calls then fail with it.
 type World struct {
 	n       int
 	devs    []*device.Device
 	timeout atomic.Int64 // nanoseconds
+	def     time.Duration
 	bytes   []atomic.Int64
 
 	mu    sync.Mutex
 	count int
+	in    []bool        // the ranks that have arrived at the current barrier
 	gen   chan struct{} // closed when every rank has arrived at the current barrier
 	dead  chan struct{} // closed on abort
 	err   error
@@ -50,6 +54,12 @@ type post struct {
 	rowB  []int      // per pair: row bytes
 	segs  [][][]byte // AllToAllV: per pair, per destination: the rows it sends
 	whole []byte     // AllGather: the send tensor
+
+	// AllToAllV of an op of the package: the op, and per pair the tensor's name and
+	// what its rows are (Exchange.op, Exchange.names).
+	from  string
+	names []string
+	rows  []rowKind
 }
 
 // NewWorld returns an in-process world of n ranks. With no devices every rank is on the
@@ -59,7 +69,12 @@ func NewWorld(n int, devs ...*device.Device) (*World, error) {
 	if n < 1 || n > MaxRanks {
 		return nil, fmt.Errorf("ep: NewWorld(%d): want 1 to %d ranks", n, MaxRanks)
 	}
-	w := &World{n: n, bytes: make([]atomic.Int64, n*n), gen: make(chan struct{}), dead: make(chan struct{}), posts: make([]*post, n)}
+	timeout, err := Timeout()
+	if err != nil {
+		return nil, err
+	}
+	w := &World{n: n, def: timeout, bytes: make([]atomic.Int64, n*n), in: make([]bool, n), gen: make(chan struct{}),
+		dead: make(chan struct{}), posts: make([]*post, n)}
 	switch len(devs) {
 	case 0:
 		devs = []*device.Device{device.CPU()}
@@ -78,18 +93,32 @@ func NewWorld(n int, devs ...*device.Device) (*World, error) {
 			return nil, fmt.Errorf("ep: NewWorld: device %d is nil", i)
 		}
 	}
-	w.timeout.Store(int64(Timeout()))
+	w.timeout.Store(int64(timeout))
 	return w, nil
 }
 
 // Size returns the number of ranks.
 func (w *World) Size() int { return w.n }
 
-// SetTimeout sets how long a rank waits for the others in a collective.
-func (w *World) SetTimeout(d time.Duration) { w.timeout.Store(int64(d)) }
+// SetTimeout sets how long a rank waits for the others in a collective; d ≤ 0 restores
+// the timeout the world began with, Timeout().
+func (w *World) SetTimeout(d time.Duration) {
+	if d <= 0 {
+		d = w.def
+	}
+	w.timeout.Store(int64(d))
+}
 
-// Transport returns rank r's endpoint. Use each from one goroutine.
-func (w *World) Transport(r int) Transport { return &inproc{w: w, rank: r} }
+// Transport returns rank r's endpoint. Use each from one goroutine. For r outside [0,
+// Size()) it returns an endpoint whose calls fail with an error naming r and the size
+// (and whose Device is nil), leaving the world as it is.
+func (w *World) Transport(r int) Transport {
+	t := &inproc{w: w, rank: r}
+	if r < 0 || r >= w.n {
+		t.err = fmt.Errorf("ep: World.Transport(%d): rank %d is outside a world of %d ranks", r, r, w.n)
+	}
+	return t
+}
 
 // Bytes returns the bytes each rank has sent to each rank since the world began or
 // ResetBytes: Bytes()[src][dst]. Copies within a rank are not transfers and not counted.
@@ -120,15 +149,23 @@ func (w *World) Err() error {
 
 // Run calls fn with every rank's transport, each in its own goroutine, and returns when
 // all have returned: the ranks' errors joined, each prefixed by its rank. A rank's error
-// aborts the world, so that the others do not wait for it.
+// aborts the world, so that the others do not wait for it. A rank whose fn panics
+// returns a *PanicError, which aborts the world like an error: the other ranks' calls
+// fail with it.
 func (w *World) Run(fn func(tr Transport) error) error {
+	switch {
+	case w == nil:
+		return errors.New("ep: World.Run: nil World")
+	case fn == nil:
+		return errors.New("ep: World.Run: nil function")
+	}
 	errs := make([]error, w.n)
 	var wg sync.WaitGroup
 	for r := range w.n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := fn(w.Transport(r)); err != nil {
+			if err := w.call(r, fn); err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
 				w.abort(err)
 			}
@@ -136,6 +173,31 @@ func (w *World) Run(fn func(tr Transport) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// call returns fn's error for rank r, or a *PanicError when fn panics.
+func (w *World) call(r int, fn func(tr Transport) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Rank: r, Value: p, Stack: debug.Stack()}
+		}
+	}()
+	return fn(w.Transport(r))
+}
+
+// PanicError is the error of a rank whose function panicked in World.Run.
+type PanicError struct {
+	Rank  int    // the rank that panicked
+	Value any    // the value it panicked with
+	Stack []byte // the rank's stack where it panicked
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("ep: rank %d panicked: %v", e.Rank, e.Value) }
+
+// Unwrap returns the panic value when it is an error, else nil.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
 }
 
 func (w *World) abort(err error) error {
@@ -148,9 +210,9 @@ func (w *World) abort(err error) error {
 	return w.err
 }
 
-// barrier waits until every rank has called it, having stored p (if not nil) as the
-// rank's post for the others to read.
-func (w *World) barrier(rank int, p *post) error {
+// barrier waits until every rank has called it in collective o, having stored p (if
+// not nil) as the rank's post for the others to read.
+func (w *World) barrier(rank int, o op, p *post) error {
 	w.mu.Lock()
 	if w.err != nil {
 		defer w.mu.Unlock()
@@ -161,8 +223,10 @@ func (w *World) barrier(rank int, p *post) error {
 	}
 	ch := w.gen
 	w.count++
+	w.in[rank] = true
 	if w.count == w.n {
 		w.count = 0
+		clear(w.in)
 		w.gen = make(chan struct{})
 		close(ch)
 		w.mu.Unlock()
@@ -177,7 +241,19 @@ func (w *World) barrier(rank int, p *post) error {
 		return nil
 	case <-w.dead:
 	case <-t.C:
-		w.abort(fmt.Errorf("ep: in-process rank %d waited %v for the other ranks", rank, d))
+		var missing []int
+		w.mu.Lock()
+		if w.gen == ch { // else everyone arrived after all
+			for q, in := range w.in {
+				if !in {
+					missing = append(missing, q)
+				}
+			}
+		}
+		w.mu.Unlock()
+		if missing != nil {
+			w.abort(fmt.Errorf("ep: in-process rank(s) %v of %d did not reach %v within %v", missing, w.n, o, d))
+		}
 	}
 	select {
 	case <-ch: // everyone arrived after all
@@ -191,11 +267,18 @@ func (w *World) barrier(rank int, p *post) error {
 type inproc struct {
 	w    *World
 	rank int
+	err  error // the rank is not one of the world's
 }
 
-func (t *inproc) Rank() int              { return t.rank }
-func (t *inproc) Size() int              { return t.w.n }
-func (t *inproc) Device() *device.Device { return t.w.devs[t.rank] }
+func (t *inproc) Rank() int { return t.rank }
+func (t *inproc) Size() int { return t.w.n }
+
+func (t *inproc) Device() *device.Device {
+	if t.err != nil {
+		return nil
+	}
+	return t.w.devs[t.rank]
+}
 
 // fail aborts the world with err and returns the world's error.
 func (t *inproc) fail(err error) error { return t.w.abort(err) }
@@ -228,20 +311,13 @@ func putBytes(s *device.Stream, x *device.Tensor, lo, hi int, b []byte) error {
 }
 
 func (t *inproc) AllGather(s *device.Stream, send, recv *device.Tensor) error {
+	if t.err != nil {
+		return t.err
+	}
+	if err := checkAllGather(t, s, send, recv); err != nil {
+		return t.fail(err)
+	}
 	n := t.w.n
-	switch {
-	case send == nil || recv == nil:
-		return t.fail(errors.New("ep: AllGather: nil tensor"))
-	case s.Device() != t.Device():
-		return t.fail(fmt.Errorf("ep: AllGather on a stream of %v, rank %d on %v", s.Device(), t.rank, t.Device()))
-	case recv.Bytes() != n*send.Bytes():
-		return t.fail(fmt.Errorf("ep: AllGather: receive %v holds %d bytes, want %d ranks × %d", recv, recv.Bytes(), n, send.Bytes()))
-	}
-	for _, x := range []*device.Tensor{send, recv} {
-		if err := x.Check(s, "ep: AllGather tensor"); err != nil {
-			return t.fail(err)
-		}
-	}
 	flat, err := send.Reshape(send.Len())
 	if err != nil {
 		return t.fail(err)
@@ -250,7 +326,7 @@ func (t *inproc) AllGather(s *device.Stream, send, recv *device.Tensor) error {
 	if err != nil {
 		return t.fail(err)
 	}
-	if err := t.w.barrier(t.rank, &post{op: opAllGather, whole: whole}); err != nil {
+	if err := t.w.barrier(t.rank, opAllGather, &post{op: opAllGather, whole: whole}); err != nil {
 		return err
 	}
 	nb := send.Bytes()
@@ -274,17 +350,23 @@ func (t *inproc) AllGather(s *device.Stream, send, recv *device.Tensor) error {
 	if err != nil {
 		return t.fail(err)
 	}
-	return t.w.barrier(t.rank, nil)
+	return t.w.barrier(t.rank, opAllGather, nil)
 }
 
 func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
+	if t.err != nil {
+		return t.err
+	}
 	if err := x.check(t, s); err != nil {
 		return t.fail(err)
 	}
 	n := t.w.n
-	p := &post{op: opAllToAllV}
+	p := &post{op: opAllToAllV, from: x.op, names: x.names}
 	for _, snd := range x.Send {
 		p.rowB = append(p.rowB, rowBytes(snd))
+		if x.op != "" {
+			p.rows = append(p.rows, rowKindOf(snd))
+		}
 		segs := make([][]byte, n)
 		for d := range n {
 			b, err := hostBytes(s, snd, x.SendOff[d], x.SendOff[d]+x.SendCount[d])
@@ -295,11 +377,14 @@ func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
 		}
 		p.segs = append(p.segs, segs)
 	}
-	if err := t.w.barrier(t.rank, p); err != nil {
+	if err := t.w.barrier(t.rank, opAllToAllV, p); err != nil {
 		return err
 	}
 	me := t.rank
 	for src, q := range t.w.posts {
+		if err := disagree(me, p, src, q); err != nil {
+			return t.fail(err)
+		}
 		if q.op != opAllToAllV || len(q.segs) != len(p.segs) {
 			return t.fail(fmt.Errorf("ep: rank %d called AllToAllV with %d tensors while rank %d called %v with %d", me, len(p.segs), src, q.op, len(q.segs)))
 		}
@@ -320,15 +405,47 @@ func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
 			}
 		}
 	}
-	return t.w.barrier(t.rank, nil)
+	return t.w.barrier(t.rank, opAllToAllV, nil)
+}
+
+// disagree describes how the AllToAllV posts of ranks a and b, both of an op of the
+// package, disagree on what they move (the ops, the tensors, their dtypes or widths),
+// or returns nil.
+func disagree(a int, pa *post, b int, pb *post) error {
+	if pb.op != opAllToAllV || pa.from == "" || pb.from == "" {
+		return nil
+	}
+	if a > b {
+		a, pa, b, pb = b, pb, a, pa
+	}
+	if pa.from != pb.from || !slices.Equal(pa.names, pb.names) {
+		return fmt.Errorf("ep: the ranks' calls differ: %s of %v on rank %d, %s of %v on rank %d", pa.from, pa.names, a, pb.from, pb.names, b)
+	}
+	for i, name := range pa.names {
+		if pa.rows[i] != pb.rows[i] {
+			return fmt.Errorf("ep: %s: the ranks' %s differ: %s on rank %d, %s on rank %d", pa.from, name, pa.rows[i], a, pb.rows[i], b)
+		}
+	}
+	return nil
 }
 
 // Sync waits for s: the world's collectives are synchronous, so only s's own work can
 // be pending.
-func (t *inproc) Sync(s *device.Stream) error { return s.Synchronize() }
+func (t *inproc) Sync(s *device.Stream) error {
+	if t.err != nil {
+		return t.err
+	}
+	if err := checkStream(t, s, "Sync"); err != nil {
+		return err
+	}
+	return s.Synchronize()
+}
 
 // Close leaves the world: the other ranks' later calls fail.
 func (t *inproc) Close() error {
+	if t.err != nil {
+		return t.err
+	}
 	t.w.abort(fmt.Errorf("ep: in-process rank %d closed its transport", t.rank))
 	return nil
 }

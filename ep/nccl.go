@@ -59,7 +59,10 @@ func NewNCCL(dev *device.Device, id UniqueID, rank, size int, timeout time.Durat
 		return nil, fmt.Errorf("ep: NewNCCL: rank %d of %d", rank, size)
 	}
 	if timeout <= 0 {
-		timeout = Timeout()
+		var err error
+		if timeout, err = Timeout(); err != nil {
+			return nil, err
+		}
 	}
 	if err := cuda.LoadNCCL(); err != nil {
 		return nil, fmt.Errorf("ep: NCCL: %w", err)
@@ -144,6 +147,10 @@ func InitFromEnv() (Transport, error) {
 		}
 		size = n
 	}
+	timeout, err := Timeout()
+	if err != nil {
+		return nil, err
+	}
 	if size == 1 {
 		dev, err := device.Open("")
 		if err != nil {
@@ -202,7 +209,7 @@ func InitFromEnv() (Transport, error) {
 			return nil, err
 		}
 	}
-	got, err := rendezvous(net.JoinHostPort(host, strconv.Itoa(port)), rank, size, id[:], Timeout())
+	got, err := rendezvous(net.JoinHostPort(host, strconv.Itoa(port)), rank, size, id[:], timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +217,7 @@ func InitFromEnv() (Transport, error) {
 		return nil, fmt.Errorf("ep: rendezvous: rank %d got an id of %d bytes, want %d", rank, len(got), len(id))
 	}
 	copy(id[:], got)
-	return NewNCCL(dev, id, rank, size, Timeout())
+	return NewNCCL(dev, id, rank, size, timeout)
 }
 
 func (t *ncclTransport) Rank() int              { return t.rank }
@@ -312,18 +319,8 @@ func (t *ncclTransport) AllGather(s *device.Stream, send, recv *device.Tensor) e
 	if err := t.sticky(); err != nil {
 		return err
 	}
-	switch {
-	case send == nil || recv == nil:
-		return t.fail(errors.New("ep: AllGather: nil tensor"))
-	case s.Device() != t.dev:
-		return t.fail(fmt.Errorf("ep: AllGather on a stream of %v, rank %d on %v", s.Device(), t.rank, t.dev))
-	case recv.Bytes() != t.size*send.Bytes():
-		return t.fail(fmt.Errorf("ep: AllGather: receive %v holds %d bytes, want %d ranks × %d", recv, recv.Bytes(), t.size, send.Bytes()))
-	}
-	for _, x := range []*device.Tensor{send, recv} {
-		if err := x.Check(s, "ep: AllGather tensor"); err != nil {
-			return t.fail(err)
-		}
+	if err := checkAllGather(t, s, send, recv); err != nil {
+		return t.fail(err)
 	}
 	if send.Bytes() == 0 {
 		return nil
@@ -371,6 +368,9 @@ func (t *ncclTransport) AllToAllV(s *device.Stream, x *Exchange) error {
 // is then aborted, which also stops its kernels.
 func (t *ncclTransport) Sync(s *device.Stream) error {
 	if err := t.sticky(); err != nil {
+		return err
+	}
+	if err := checkStream(t, s, "Sync"); err != nil {
 		return err
 	}
 	e, err := s.Record()

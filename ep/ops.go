@@ -21,8 +21,12 @@ type Dispatched struct {
 	Counts *device.Tensor
 }
 
-// Free releases X and Weights; Counts belongs to the layout.
+// Free releases X and Weights; Counts belongs to the layout. Freeing a nil Dispatched
+// does nothing.
 func (d *Dispatched) Free() error {
+	if d == nil {
+		return nil
+	}
 	var errs []error
 	for _, x := range []*device.Tensor{d.X, d.Weights} {
 		if x != nil {
@@ -133,33 +137,6 @@ func (g *Group) mark(s *device.Stream, what string, c int) {
 	}
 }
 
-// temps allocates an op's temporary tensors on s and frees them together, in stream
-// order on s.
-type temps struct {
-	s   *device.Stream
-	err error
-	all []*device.Tensor
-}
-
-func (t *temps) alloc(dt device.DType, shape ...int) *device.Tensor {
-	if t.err != nil {
-		return nil
-	}
-	x, err := t.s.Alloc(dt, shape...)
-	if err != nil {
-		t.err = err
-		return nil
-	}
-	t.all = append(t.all, x)
-	return x
-}
-
-func (t *temps) free() {
-	for _, x := range t.all {
-		x.Free()
-	}
-}
-
 func checkShape(s *device.Stream, x *device.Tensor, what string, dt device.DType, shape ...int) error {
 	if x == nil {
 		return fmt.Errorf("ep: %s is nil", what)
@@ -192,9 +169,13 @@ func checkFloat(x *device.Tensor, what string) error {
 // Dispatch sends this rank's tokens x ([T, H], any dtype) to the ranks that hold their
 // experts, each (token, rank) once, and replicates each arriving token into the
 // expert-major buffer once per local expert it chose. weights (F32 [T, K], or nil)
-// travel with the tokens and land in Dispatched.Weights. Work is enqueued on s and on
-// the group's transfer stream, with the transfer split into Config.Chunks pieces that
-// overlap the packing and the replication; nothing waits for the host.
+// travel with the tokens and land in Dispatched.Weights. Every rank passes the same H,
+// dtype and presence of weights. x and weights are on the group's device and only
+// read; Dispatched.X ([Capacity, H], x's dtype) and Dispatched.Weights (F32
+// [Capacity]) are new tensors, allocated on s, that alias no input (Dispatched.Counts
+// is the layout's). Work is enqueued on s and on the group's transfer stream, with the
+// transfer split into Config.Chunks pieces that overlap the packing and the
+// replication; nothing waits for the host (Transport.Sync does).
 func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatched, error) {
 	if err := l.usable(s, "Dispatch"); err != nil {
 		return nil, err
@@ -219,7 +200,7 @@ func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatc
 			return nil, err
 		}
 	}
-	err = l.dispatch(s, x, weights, func(src, srcW, rowMap, slot *device.Tensor) error {
+	err = l.dispatch(s, "Dispatch", "x", x, weights, func(src, srcW, rowMap, slot *device.Tensor) error {
 		return l.g.be.replicate(s, X, W, src, srcW, rowMap, slot)
 	})
 	if err != nil {
@@ -232,12 +213,16 @@ func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatc
 	return &Dispatched{X: X, Weights: W, Counts: l.counts}, nil
 }
 
-// CombineBackward is the gradient of Combine: given dout ([T, H], the gradient of
-// Combine's output), it returns dy ([Capacity, H], dout's dtype) with dy[row] = w[row] ·
-// dout[token of row], and dw (F32 [Capacity]) with dw[row] = ⟨y[row], dout[token of
-// row]⟩, the gradient of the routing weight of the row. It moves dout like Dispatch
-// moves x. w nil means weights of 1; y nil skips dw (returned nil). Rows past the kept
-// ones are not written.
+// CombineBackward is the gradient of Combine: given dout ([T, H], f32, bf16 or f16: the
+// gradient of Combine's output), it returns dy ([Capacity, H], dout's dtype) with
+// dy[row] = w[row] · dout[token of row], and dw (F32 [Capacity]) with dw[row] =
+// ⟨y[row], dout[token of row]⟩, the gradient of the routing weight of the row. y
+// ([Capacity, H], dout's dtype) is Combine's input and w (F32 [Capacity]) its weights;
+// w nil means weights of 1, y nil skips dw (returned nil). It moves dout like Dispatch
+// moves x: every rank passes the same H and dtype. The inputs are on the group's device
+// and only read; dy and dw are new tensors, allocated on s, that alias no input. Rows
+// past the kept ones are not written. Work is enqueued on s and the transfer stream, as
+// by Dispatch.
 func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (dy, dw *device.Tensor, err error) {
 	if err := l.usable(s, "CombineBackward"); err != nil {
 		return nil, nil, err
@@ -250,8 +235,11 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 	}
 	H := dout.Dim(1)
 	if y != nil {
-		if err := checkShape(s, y, "CombineBackward: y", dout.DType(), l.capacity, H); err != nil {
+		if err := checkShape(s, y, "CombineBackward: y", device.Invalid, l.capacity, -1); err != nil {
 			return nil, nil, err
+		}
+		if y.DType() != dout.DType() || y.Dim(1) != H {
+			return nil, nil, fmt.Errorf("ep: CombineBackward: dout is %v: want %v[%d %d], the dtype and width of y %v", dout, y.DType(), l.t, y.Dim(1), y)
 		}
 	}
 	if w != nil {
@@ -268,7 +256,7 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 			return nil, nil, err
 		}
 	}
-	err = l.dispatch(s, dout, nil, func(src, _, rowMap, slot *device.Tensor) error {
+	err = l.dispatch(s, "CombineBackward", "dout", dout, nil, func(src, _, rowMap, slot *device.Tensor) error {
 		return l.g.be.replicateScaled(s, dy, dw, src, rowMap, slot, w, y)
 	})
 	if err != nil {
@@ -284,12 +272,13 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 // dispatch moves x (and weights) to the ranks of each token and calls place for each
 // piece that has arrived: src holds the piece's rows (the rows rowMap names, or all of
 // them when rowMap is nil), srcW their weights, slot their [rows, K] expert-major slots.
-// Rows a rank sends to itself are placed from x directly.
-func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place func(src, srcW, rowMap, slot *device.Tensor) error) error {
+// Rows a rank sends to itself are placed from x directly. op is the calling op and
+// xName its name for x.
+func (l *Layout) dispatch(s *device.Stream, op, xName string, x, weights *device.Tensor, place func(src, srcW, rowMap, slot *device.Tensor) error) error {
 	g := l.g
 	R, r, K, H := g.r, g.rank, g.k, x.Dim(1)
-	tmp := &temps{s: s}
-	defer tmp.free()
+	tmp := device.NewTemps(s)
+	defer tmp.Free()
 	specs := []bufSpec{{x.DType(), H}}
 	if weights != nil {
 		specs = append(specs, bufSpec{device.F32, K})
@@ -299,6 +288,7 @@ func (l *Layout) dispatch(s *device.Stream, x, weights *device.Tensor, place fun
 	if err != nil {
 		return err
 	}
+	xf.op, xf.names = op, []string{xName, "weights"}[:len(specs)]
 	C := g.chunks() // once buffers has decided on direct transfers
 	recvX := xf.recv[0]
 	var recvW *device.Tensor
@@ -390,6 +380,7 @@ func (l *Layout) transfers(s *device.Stream, x *xfer, pack func(st *device.Strea
 	}
 	for c := range C {
 		ex := chunkExchange(x.send, x.recv, x.sendOff, x.sendCnt, x.recvOff, x.recvCnt, r, c, C)
+		ex.op, ex.names = x.op, x.names
 		if err := cs.Wait(packed[c]); err != nil {
 			return err
 		}
@@ -441,31 +432,37 @@ func chunkExchange(send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvC
 // (in k order), rounds the partial sum to y's dtype and sends it back once; the token's
 // rank then adds the partial sums in rank order in float32. The result is bit-identical
 // from run to run and between the CPU and GPUs. Dropped entries, and tokens routed
-// nowhere, contribute zero. Work is enqueued on s and the transfer stream.
+// nowhere, contribute zero. Every rank passes the same H and dtype. y and w are on the
+// group's device and only read; out is a new tensor, allocated on s, that aliases no
+// input. Work is enqueued on s and the transfer stream, as by Dispatch.
 func (l *Layout) Combine(s *device.Stream, y, w *device.Tensor) (*device.Tensor, error) {
-	out, _, err := l.combine(s, "Combine", y, w, nil)
+	out, _, err := l.combine(s, "Combine", "y", y, w, nil)
 	return out, err
 }
 
-// DispatchBackward is the gradient of Dispatch: given dX ([Capacity, H], the gradient of
-// Dispatched.X) it returns dx ([T, H], dX's dtype), each token's sum of the gradients of
-// its rows, as Combine with weights of 1. Given dW (F32 [Capacity], the gradient of
-// Dispatched.Weights, as CombineBackward returns it), it also returns dweights (F32 [T,
-// K]): each routing entry's weight gradient, 0 for entries routed nowhere or dropped;
-// else dweights is nil.
+// DispatchBackward is the gradient of Dispatch: given dX ([Capacity, H], f32, bf16 or
+// f16: the gradient of Dispatched.X) it returns dx ([T, H], dX's dtype), each token's
+// sum of the gradients of its rows, as Combine with weights of 1. Given dW (F32
+// [Capacity], the gradient of Dispatched.Weights, as CombineBackward returns it), it
+// also returns dweights (F32 [T, K]): each routing entry's weight gradient, 0 for
+// entries routed nowhere or dropped; else dweights is nil. Every rank passes the same
+// H, dtype and presence of dW. dX and dW are on the group's device and only read; dx
+// and dweights are new tensors, allocated on s, that alias no input. Work is enqueued
+// on s and the transfer stream, as by Dispatch.
 func (l *Layout) DispatchBackward(s *device.Stream, dX, dW *device.Tensor) (dx, dweights *device.Tensor, err error) {
-	return l.combine(s, "DispatchBackward", dX, nil, dW)
+	return l.combine(s, "DispatchBackward", "dX", dX, nil, dW)
 }
 
-func (l *Layout) combine(s *device.Stream, op string, y, w, dW *device.Tensor) (out, dweights *device.Tensor, err error) {
+// combine is Combine and DispatchBackward: op is the op, yName its name for y.
+func (l *Layout) combine(s *device.Stream, op, yName string, y, w, dW *device.Tensor) (out, dweights *device.Tensor, err error) {
 	if err := l.usable(s, op); err != nil {
 		return nil, nil, err
 	}
 	K := l.g.k
-	if err := checkShape(s, y, op+": y", device.Invalid, l.capacity, -1); err != nil {
+	if err := checkShape(s, y, op+": "+yName, device.Invalid, l.capacity, -1); err != nil {
 		return nil, nil, err
 	}
-	if err := checkFloat(y, op+": y"); err != nil {
+	if err := checkFloat(y, op+": "+yName); err != nil {
 		return nil, nil, err
 	}
 	for _, v := range []struct {
@@ -488,7 +485,7 @@ func (l *Layout) combine(s *device.Stream, op string, y, w, dW *device.Tensor) (
 			return nil, nil, err
 		}
 	}
-	if err = l.combineInto(s, out, dweights, y, w, dW); err != nil {
+	if err = l.combineInto(s, op, yName, out, dweights, y, w, dW); err != nil {
 		out.Free()
 		if dweights != nil {
 			dweights.Free()
@@ -498,11 +495,11 @@ func (l *Layout) combine(s *device.Stream, op string, y, w, dW *device.Tensor) (
 	return out, dweights, nil
 }
 
-func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.Tensor) error {
+func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, y, w, dW *device.Tensor) error {
 	g := l.g
 	R, r, K, H, dt := g.r, g.rank, g.k, y.Dim(1), y.DType()
-	tmp := &temps{s: s}
-	defer tmp.free()
+	tmp := device.NewTemps(s)
+	defer tmp.Free()
 	specs := []bufSpec{{dt, H}}
 	if dW != nil {
 		specs = append(specs, bufSpec{device.F32, K})
@@ -512,6 +509,7 @@ func (l *Layout) combineInto(s *device.Stream, out, dweights, y, w, dW *device.T
 	if err != nil {
 		return err
 	}
+	xf.op, xf.names = op, []string{yName, "dW"}[:len(specs)]
 	back := xf.recv[0]
 	var dback *device.Tensor
 	if dW != nil {

@@ -331,6 +331,9 @@ type xfer struct {
 	to         [][]*device.Tensor // direct: to[p][i], sendCnt[p] rows of p's receive tensor i
 
 	sendOff, sendCnt, recvOff, recvCnt []int
+
+	op    string   // the op moving the buffers (for Exchange.op)
+	names []string // its names for them (Exchange.names)
 }
 
 // dst returns where rows [lo, hi) of rank p's send segment go, one tensor per buffer.
@@ -350,7 +353,7 @@ func (x *xfer) dst(p, lo, hi int) []*device.Tensor {
 // rank p (from sendOff[p] of nSend send rows through the transport) and recvCnt[p] from
 // p (at recvOff[p] of the receive tensors), where geom describes every rank's receive
 // tensors. Temporaries go to tmp.
-func (l *Layout) buffers(s *device.Stream, tmp *temps, specs []bufSpec, nSend int, sendOff, sendCnt, recvOff, recvCnt []int, geom recvGeom) (*xfer, error) {
+func (l *Layout) buffers(s *device.Stream, tmp *device.Temps, specs []bufSpec, nSend int, sendOff, sendCnt, recvOff, recvCnt []int, geom recvGeom) (*xfer, error) {
 	g := l.g
 	R, r := g.r, g.rank
 	x := &xfer{sendOff: sendOff, sendCnt: sendCnt, recvOff: recvOff, recvCnt: recvCnt}
@@ -378,10 +381,10 @@ func (l *Layout) buffers(s *device.Stream, tmp *temps, specs []bufSpec, nSend in
 	if w == nil {
 		n, _ := geom(r)
 		for _, b := range specs {
-			x.send = append(x.send, tmp.alloc(b.dt, nSend, b.cols))
-			x.recv = append(x.recv, tmp.alloc(b.dt, n, b.cols))
+			x.send = append(x.send, tmp.Alloc(b.dt, nSend, b.cols))
+			x.recv = append(x.recv, tmp.Alloc(b.dt, n, b.cols))
 		}
-		return x, tmp.err
+		return x, tmp.Err()
 	}
 	x.win = w
 	view := func(q int) ([]*device.Tensor, int, error) {

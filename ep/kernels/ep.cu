@@ -10,12 +10,7 @@
 // warps, looping over the rows). Sums run in float32 in a fixed order with __fadd_rn and __fmul_rn, so
 // that nothing is contracted into an FMA and results are bit-identical to the Go code of
 // the package (ep/cpu.go), which follows the same order.
-#include "dtype.cuh"
-
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
+#include "dl.cuh"
 
 #define EP_MAX_ENTRIES 1024 // routing entries per block of the counting sort
 #define EP_MAX_K 64         // the most routing entries per token
@@ -559,8 +554,7 @@ __device__ __forceinline__ void ep_rscale(typename ep_ty<DT>::T *__restrict__ dy
                 }
             }
             if (dot) {
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
+                part = dl_warp_sum(part);
                 if (lane == 0) dw[sl] = part;
             }
         }
@@ -618,7 +612,7 @@ extern "C" __global__ void ep_dw_unpack(float *__restrict__ dweights, const int 
 // device addresses it) to v, after the writes this device made before: the kernels
 // before it on the stream are done, and the fence orders what they wrote to the peers
 // before the flag. Thread p writes rank p's word; rank me is skipped.
-extern "C" __global__ void ep_signal(const unsigned long long *__restrict__ bases, int R, int me, i64 off, u32 v) {
+extern "C" __global__ void ep_signal(const u64 *__restrict__ bases, int R, int me, i64 off, u32 v) {
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= R || p == me) return;
     __threadfence_system();

@@ -100,30 +100,31 @@ func (b *bench) time(fn func() error) (time.Duration, error) {
 	}
 }
 
-// tensors allocates on s and frees everything at once.
+// tensors is a benchmark's tensors on one stream, freed together (see device.Temps),
+// some of them filled with random values.
 type tensors struct {
+	*device.Temps
 	s   *device.Stream
-	all []*device.Tensor
-	err error
+	err error // the first failure to fill a tensor of random
 }
 
-func (ts *tensors) alloc(dt device.DType, shape ...int) *device.Tensor {
-	if ts.err != nil {
-		return nil
+func newTensors(s *device.Stream) *tensors { return &tensors{Temps: device.NewTemps(s), s: s} }
+
+// Err returns the first error of an allocation or of random.
+func (ts *tensors) Err() error {
+	if err := ts.Temps.Err(); err != nil {
+		return err
 	}
-	t, err := ts.s.Alloc(dt, shape...)
-	if err != nil {
-		ts.err = err
-		return nil
-	}
-	ts.all = append(ts.all, t)
-	return t
+	return ts.err
 }
 
 // random allocates a tensor of N(0, scale²) values: a random block uploaded once and
 // tiled over it.
 func (ts *tensors) random(seed uint64, scale float32, dt device.DType, shape ...int) *device.Tensor {
-	t := ts.alloc(dt, shape...)
+	if ts.err != nil {
+		return nil
+	}
+	t := ts.Alloc(dt, shape...)
 	if t == nil {
 		return nil
 	}
@@ -154,10 +155,4 @@ func (ts *tensors) random(seed uint64, scale float32, dt device.DType, shape ...
 		ts.err = err
 	}
 	return t
-}
-
-func (ts *tensors) free() {
-	for _, t := range ts.all {
-		t.Free()
-	}
 }

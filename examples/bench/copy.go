@@ -7,11 +7,11 @@ import (
 )
 
 func (b *bench) copy(n int) ([]row, error) {
-	ts := &tensors{s: b.s}
-	defer ts.free()
-	x, y := ts.alloc(device.E4M3, n), ts.alloc(device.E4M3, n)
-	if ts.err != nil {
-		return nil, ts.err
+	ts := newTensors(b.s)
+	defer ts.Free()
+	x, y := ts.Alloc(device.E4M3, n), ts.Alloc(device.E4M3, n)
+	if err := ts.Err(); err != nil {
+		return nil, err
 	}
 	if err := device.Fill(b.s, x, 1); err != nil {
 		return nil, err

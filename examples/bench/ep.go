@@ -106,17 +106,17 @@ func epRank(tr ep.Transport, o options) (time.Duration, int64, int64, error) {
 			idxv = append(idxv, int32(e))
 		}
 	}
-	ts := &tensors{s: s}
-	defer ts.free()
+	ts := newTensors(s)
+	defer ts.Free()
 	idx, err := device.FromSlice(s, device.I32, idxv, T, K)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	ts.all = append(ts.all, idx)
-	w := ts.alloc(device.F32, T, K)
+	ts.Add(idx)
+	w := ts.Alloc(device.F32, T, K)
 	x := ts.random(7, 1, device.BF16, T, H)
-	if ts.err != nil {
-		return 0, 0, 0, ts.err
+	if err := ts.Err(); err != nil {
+		return 0, 0, 0, err
 	}
 	if err := device.Fill(s, w, 1/float64(K)); err != nil {
 		return 0, 0, 0, err

@@ -13,21 +13,21 @@ import (
 // out, counting 2·M·K·N flops per call, beside c's peer figures (if any).
 func (b *bench) gemm(c baseline.Case) ([]row, error) {
 	s := b.s
-	ts := &tensors{s: s}
-	defer ts.free()
+	ts := newTensors(s)
+	defer ts.Free()
 	G, M, K, N := c.G, c.M, c.K, c.N
 	sizes, err := device.FromSlice(s, device.I32, c.Sizes(), G)
 	if err != nil {
 		return nil, err
 	}
-	ts.all = append(ts.all, sizes)
+	ts.Add(sizes)
 	x := ts.random(1, 1, device.BF16, M, K)
 	w := ts.random(2, 0.02, device.BF16, G, K, N)
-	y := ts.alloc(device.BF16, M, N)
+	y := ts.Alloc(device.BF16, M, N)
 	dy := ts.random(3, 1, device.BF16, M, N)
-	dw := ts.alloc(device.BF16, G, K, N)
-	if ts.err != nil {
-		return nil, ts.err
+	dw := ts.Alloc(device.BF16, G, K, N)
+	if err := ts.Err(); err != nil {
+		return nil, err
 	}
 	flops := 2 * float64(M) * float64(K) * float64(N)
 	name := fmt.Sprintf("%s G=%d M=%d K=%d N=%d", c.Name, G, M, K, N)

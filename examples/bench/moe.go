@@ -11,8 +11,8 @@ import (
 
 func (b *bench) moe(o options) ([]row, error) {
 	s := b.s
-	ts := &tensors{s: s}
-	defer ts.free()
+	ts := newTensors(s)
+	defer ts.Free()
 	T, H, F, E, K := o.MoeT, o.MoeH, o.MoeF, o.MoeE, o.MoeK
 	lay, err := moe.NewLayer(moe.Config{Hidden: H, FFN: F, Router: moe.RouterConfig{Experts: E, TopK: K, Renormalize: true}})
 	if err != nil {
@@ -22,10 +22,10 @@ func (b *bench) moe(o options) ([]row, error) {
 	x := ts.random(1, 1, typ, T, H)
 	dy := ts.random(2, 1, typ, T, H)
 	p := &moe.Params{Router: ts.random(3, 0.02, typ, E, H), W1: ts.random(4, 0.02, typ, E, H, 2*F), W2: ts.random(5, 0.02, typ, E, F, H)}
-	g := &moe.Grads{X: ts.alloc(typ, T, H), Router: ts.alloc(device.F32, E, H), W1: ts.alloc(typ, E, H, 2*F), W2: ts.alloc(typ, E, F, H)}
-	y := ts.alloc(typ, T, H)
-	if ts.err != nil {
-		return nil, ts.err
+	g := &moe.Grads{X: ts.Alloc(typ, T, H), Router: ts.Alloc(device.F32, E, H), W1: ts.Alloc(typ, E, H, 2*F), W2: ts.Alloc(typ, E, F, H)}
+	y := ts.Alloc(typ, T, H)
+	if err := ts.Err(); err != nil {
+		return nil, err
 	}
 	flops := 6 * float64(T) * float64(K) * float64(H) * float64(F) // expert GEMMs, forward
 	name := fmt.Sprintf("T=%d H=%d F=%d E=%d K=%d bf16", T, H, F, E, K)

@@ -173,7 +173,7 @@ func run(o options) error {
 
 	cfg := ep.Config{Experts: o.Experts, TopK: o.TopK, Capacity: capacity, TransportOnly: o.TransportOnly}
 	if o.Capacity != "dropless" && o.Capacity != "exact" {
-		cfg.Overflow = ep.Drop
+		cfg.Overflow = ep.DropOverflow
 	}
 	res := make([]*rankResult, len(trs))
 	body := func(i int, tr ep.Transport) error {
@@ -384,7 +384,7 @@ func runRank(tr ep.Transport, cfg ep.Config, o options, dtype device.DType) (*ra
 		return nil, err
 	}
 	res.direct = g.Direct()
-	if cfg.Overflow != ep.Drop {
+	if cfg.Overflow != ep.DropOverflow {
 		// Each rank's partial sum is rounded to the dtype, and so is the total.
 		ulp := map[device.DType]float64{device.F32: 0x1p-23, device.BF16: 0x1p-8, device.F16: 0x1p-11}[dtype]
 		for i, v := range got {

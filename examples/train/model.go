@@ -222,29 +222,23 @@ func (m *Model) workspace(B int) (*workspace, error) {
 	ws := &workspace{B: B}
 	m.ws = ws
 	s := m.s
-	var err error
-	alloc := func(dt device.DType, shape ...int) *device.Tensor {
-		if err != nil {
-			return nil
-		}
-		var t *device.Tensor
-		t, err = s.Alloc(dt, shape...)
-		return t
-	}
-	ws.tok = alloc(device.I32, B, c.Window+1)
-	ws.sizes = alloc(device.I32, 1)
+	// The tensors belong to ws: freeWorkspace frees them, also after a failure here.
+	ts := device.NewTemps(s)
+	ws.tok = ts.Alloc(device.I32, B, c.Window+1)
+	ws.sizes = ts.Alloc(device.I32, 1)
 	for range c.Layers + 1 {
-		ws.h = append(ws.h, alloc(device.F32, B, c.Hidden))
-		ws.xn = append(ws.xn, alloc(device.F32, B, c.Hidden))
-		ws.rstd = append(ws.rstd, alloc(device.F32, B))
+		ws.h = append(ws.h, ts.Alloc(device.F32, B, c.Hidden))
+		ws.xn = append(ws.xn, ts.Alloc(device.F32, B, c.Hidden))
+		ws.rstd = append(ws.rstd, ts.Alloc(device.F32, B))
 	}
-	ws.y = alloc(device.F32, B, c.Hidden)
-	ws.logits = alloc(device.F32, B, c.Vocab)
-	ws.dlogits = alloc(device.F32, B, c.Vocab)
-	ws.dh = alloc(device.F32, B, c.Hidden)
-	ws.dxn = alloc(device.F32, B, c.Hidden)
-	ws.trainLoss = alloc(device.F32, B)
-	ws.evLoss = alloc(device.F32, B)
+	ws.y = ts.Alloc(device.F32, B, c.Hidden)
+	ws.logits = ts.Alloc(device.F32, B, c.Vocab)
+	ws.dlogits = ts.Alloc(device.F32, B, c.Vocab)
+	ws.dh = ts.Alloc(device.F32, B, c.Hidden)
+	ws.dxn = ts.Alloc(device.F32, B, c.Hidden)
+	ws.trainLoss = ts.Alloc(device.F32, B)
+	ws.evLoss = ts.Alloc(device.F32, B)
+	err := ts.Err()
 	if err == nil {
 		err = device.Upload(s, ws.sizes, []int32{int32(B)})
 	}

@@ -180,12 +180,8 @@ func rmsBackward(s *device.Stream, dx, dxn, xn, rstd *device.Tensor, accumulate 
 	if err := checkF32(s, "norm rstd", rstd, B); err != nil {
 		return err
 	}
-	acc := int32(0)
-	if accumulate {
-		acc = 1
-	}
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_rms_bwd", device.D1(max(B, 1)), dx, dxn, xn, rstd, int32(B), int32(H), acc)
+		return launch(s, "tr_rms_bwd", device.D1(max(B, 1)), dx, dxn, xn, rstd, int32(B), int32(H), accumulate)
 	}
 	return s.EnqueueCPU(func() {
 		ov, gv, yv, rv := device.Slice[float32](dx), device.Slice[float32](dxn), device.Slice[float32](xn), device.Slice[float32](rstd)
@@ -260,11 +256,8 @@ func softmaxCE(s *device.Stream, loss, dlogits, logits, tok *device.Tensor, col 
 	}
 	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		var d any = uint64(0) // a null pointer: no gradient
-		if dlogits != nil {
-			d = dlogits
-		}
-		return launch(s, "tr_softmax_ce", device.D1(max(B, 1)), loss, d, logits, tok, int32(B), int32(V), int32(ld), int32(col), scale)
+		// A nil dlogits is a null pointer: no gradient.
+		return launch(s, "tr_softmax_ce", device.D1(max(B, 1)), loss, dlogits, logits, tok, int32(B), int32(V), int32(ld), int32(col), scale)
 	}
 	return s.EnqueueCPU(func() {
 		lv, zv, tv := device.Slice[float32](loss), device.Slice[float32](logits), device.Slice[int32](tok)

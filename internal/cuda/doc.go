@@ -6,5 +6,8 @@
 // NVRTC_ERROR_COMPILATION, ncclUnhandledCudaError, ...).
 //
 // The functions here are thin: they do not make a context current. Package device owns
-// the rule for CUDA contexts and OS threads; call these only from inside it.
+// the rule for CUDA contexts and OS threads: a call that needs a context is made inside
+// Device.Do of its device. Besides device, two packages call these functions: ep, whose
+// NCCL transport loads NCCL and drives its communicators, and hopper, which encodes the
+// TMA tensor maps of gemm's Hopper kernels.
 package cuda

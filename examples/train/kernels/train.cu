@@ -2,13 +2,13 @@
 // All tensors are f32, row-major; token ids are int32. Sums have a fixed order, so results
 // do not change from run to run.
 
-typedef long long i64;
+#include "dl.cuh"
 
 // Sum of v over the block, returned to every thread, in a fixed order. blockDim.x is a
 // multiple of 32, at most 1024; every thread of the block calls it.
 __device__ float tr_block_sum(float v) {
     __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = dl_warp_sum(v);
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     __syncthreads();
     if (lane == 0) red[wid] = v;
@@ -21,7 +21,7 @@ __device__ float tr_block_sum(float v) {
 // Maximum of v over the block, as tr_block_sum.
 __device__ float tr_block_max(float v) {
     __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = dl_warp_max(v);
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     __syncthreads();
     if (lane == 0) red[wid] = v;
