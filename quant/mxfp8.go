@@ -100,36 +100,33 @@ func alloc(fn string, s *device.Stream, m, k int, opt Options, what string) (*MX
 		return nil, fmt.Errorf("quant: %s: %s: %w", fn, what, err)
 	}
 	q := &MXFP8{M: m, K: k, Format: opt.Format, Mode: opt.Mode, Dir: opt.Dir, Swizzled: opt.Swizzle, Groups: groups, grouped: opt.GroupSizes != nil, g: g}
-	var err error
-	alloc := func(dt device.DType, shape ...int) *device.Tensor {
-		if err != nil {
-			return nil
-		}
-		var t *device.Tensor
-		t, err = s.Alloc(dt, shape...)
-		return t
-	}
+	ts := device.NewTemps(s)
+	defer ts.Free()
 	if opt.Dir.rows() {
-		q.Row = alloc(opt.Format.DType(), m, k)
-		q.RowScale = alloc(device.E8M0, g.rowScaleShape()...)
+		q.Row = ts.Alloc(opt.Format.DType(), m, k)
+		q.RowScale = ts.Alloc(device.E8M0, g.rowScaleShape()...)
 	}
 	if opt.Dir.cols() {
-		q.Col = alloc(opt.Format.DType(), m, k)
-		q.ColScale = alloc(device.E8M0, g.colScaleShape()...)
+		q.Col = ts.Alloc(opt.Format.DType(), m, k)
+		q.ColScale = ts.Alloc(device.E8M0, g.colScaleShape()...)
 	}
+	var err error
 	if q.grouped {
-		q.tiles = alloc(device.I32, g.ntiles, 4)
+		q.tiles = ts.Alloc(device.I32, g.ntiles, 4)
 		if s.Device().IsCUDA() {
-			q.gtab = alloc(device.I32, 2*(groups+1))
+			q.gtab = ts.Alloc(device.I32, 2*(groups+1))
 		}
-		if err == nil {
+		if ts.Err() == nil {
 			q.Status, err = device.NewStatus(s)
 		}
 	}
+	if err == nil {
+		err = ts.Err()
+	}
 	if err != nil {
-		q.Free()
 		return nil, fmt.Errorf("quant: %s: %s: %w", fn, what, err)
 	}
+	ts.Keep()
 	return q, nil
 }
 
