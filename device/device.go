@@ -1,6 +1,7 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -186,10 +187,24 @@ func (d *Device) initCUDA() error {
 	})
 }
 
+// check returns an error for a nil device; op names the caller.
+func (d *Device) check(op string) error {
+	if d == nil {
+		return fmt.Errorf("device: %s: nil device", op)
+	}
+	return nil
+}
+
 // Do runs fn on a locked OS thread with d's CUDA context current, and returns its error.
 // It is the library's one rule for contexts and threads: every call into the CUDA driver
 // for d goes through Do. On the CPU it just calls fn.
 func (d *Device) Do(fn func() error) error {
+	if err := d.check("Do"); err != nil {
+		return err
+	}
+	if fn == nil {
+		return errors.New("device: Do: nil function")
+	}
 	if d.kind != KindCUDA {
 		return fn()
 	}
@@ -201,11 +216,16 @@ func (d *Device) Do(fn func() error) error {
 	return fn()
 }
 
-// Kind reports whether d is the CPU or a GPU.
-func (d *Device) Kind() Kind { return d.kind }
+// Kind reports whether d is the CPU or a GPU (KindCPU for a nil device).
+func (d *Device) Kind() Kind {
+	if d == nil {
+		return KindCPU
+	}
+	return d.kind
+}
 
-// IsCUDA reports whether d is a CUDA GPU.
-func (d *Device) IsCUDA() bool { return d.kind == KindCUDA }
+// IsCUDA reports whether d is a CUDA GPU (false for a nil device).
+func (d *Device) IsCUDA() bool { return d != nil && d.kind == KindCUDA }
 
 // Ordinal returns the GPU's index (0 for the CPU).
 func (d *Device) Ordinal() int { return d.ordinal }
@@ -213,8 +233,11 @@ func (d *Device) Ordinal() int { return d.ordinal }
 // Name returns the GPU's name, or "cpu".
 func (d *Device) Name() string { return d.name }
 
-// String returns the device's spec: "cpu" or "cuda:N".
+// String returns the device's spec: "cpu" or "cuda:N" ("<nil>" for a nil device).
 func (d *Device) String() string {
+	if d == nil {
+		return "<nil>"
+	}
 	if d.kind == KindCUDA {
 		return fmt.Sprintf("cuda:%d", d.ordinal)
 	}
@@ -243,8 +266,12 @@ func (d *Device) L2Size() int { return d.l2 }
 func (d *Device) TotalMemory() uint64 { return d.totalMem }
 
 // Stream returns the device's default stream: a non-blocking stream the library creates,
-// not CUDA's legacy stream 0, so work on it can be captured into a graph.
+// not CUDA's legacy stream 0, so work on it can be captured into a graph. A nil device
+// has none: ops on the nil stream it returns are errors.
 func (d *Device) Stream() *Stream {
+	if d == nil {
+		return nil
+	}
 	if d.kind != KindCUDA {
 		return CPU().stream
 	}
@@ -253,6 +280,9 @@ func (d *Device) Stream() *Stream {
 
 // Synchronize waits for all work on the device.
 func (d *Device) Synchronize() error {
+	if err := d.check("Device.Synchronize"); err != nil {
+		return err
+	}
 	return d.Do(func() error {
 		if d.kind == KindCUDA {
 			return cuda.CtxSynchronize()
@@ -264,6 +294,9 @@ func (d *Device) Synchronize() error {
 // PoolStats reports the bytes the device's stream-ordered pool holds from the driver and
 // the bytes in use by live allocations. Both are 0 on the CPU.
 func (d *Device) PoolStats() (reserved, used uint64, err error) {
+	if err := d.check("PoolStats"); err != nil {
+		return 0, 0, err
+	}
 	if d.kind != KindCUDA {
 		return 0, 0, nil
 	}
@@ -280,6 +313,9 @@ func (d *Device) PoolStats() (reserved, used uint64, err error) {
 
 // TrimPool returns the pool's unused memory to the driver, keeping at most keep bytes.
 func (d *Device) TrimPool(keep uint64) error {
+	if err := d.check("TrimPool"); err != nil {
+		return err
+	}
 	if d.kind != KindCUDA {
 		return nil
 	}

@@ -351,6 +351,7 @@ func checkLen(fn string, t DType, want, have int, what string) {
 // EncodeFloat32 converts src to dtype t and writes len(src)*t.Size() bytes
 // to dst, little endian, using the scalar conversions of this package
 // (F32 is stored bit for bit). It panics if t is not valid or dst is too short.
+// dst must not overlap src.
 func EncodeFloat32(t DType, dst []byte, src []float32) {
 	n := len(src)
 	checkLen("EncodeFloat32", t, n*t.Size(), len(dst), "dst")
@@ -408,7 +409,7 @@ func EncodeFloat32(t DType, dst []byte, src []float32) {
 // DecodeFloat32 reads len(dst) little-endian elements of dtype t from src
 // and stores their float32 values in dst. Float types decode exactly; I32 and
 // I64 round to nearest even as Go's float32 conversion does. It panics if t
-// is not valid or src is too short.
+// is not valid or src is too short. dst must not overlap src.
 func DecodeFloat32(t DType, dst []float32, src []byte) {
 	n := len(dst)
 	checkLen("DecodeFloat32", t, n*t.Size(), len(src), "src")
@@ -465,7 +466,8 @@ const convertChunk = 512
 // goes through float32, decoding exactly (I32 and I64 sources round to
 // nearest even) and then encoding with EncodeFloat32's rules, so float to
 // float casts round once. It panics if either type is invalid or a slice is
-// too short.
+// too short. dst may overlap src only when the types are the same (it is then a
+// memmove).
 func ConvertBytes(dstT DType, dst []byte, srcT DType, src []byte, n int) {
 	if n < 0 {
 		panic("device: ConvertBytes: negative length " + strconv.Itoa(n))

@@ -1,7 +1,12 @@
 package device
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -18,14 +23,56 @@ type HostBuffer struct {
 	freed atomic.Bool
 }
 
-// AllocPinned allocates n bytes of host memory pinned for d.
+// hostMemory returns the bytes of RAM and swap of the host, 0 when the system does not
+// say (it is read from /proc/meminfo).
+var hostMemory = sync.OnceValue(func() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	var total uint64
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[2] == "kB" && (f[0] == "MemTotal:" || f[0] == "SwapTotal:") {
+			if kb, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+				total += kb << 10
+			}
+		}
+	}
+	return total
+})
+
+// hostBytes returns n zeroed bytes of Go memory, or an out-of-memory error for a size
+// over the host's memory or beyond what Go can allocate. Go ends the process, rather
+// than failing, on an allocation it cannot meet, so a size within the host's memory but
+// over what is free still ends it.
+func hostBytes(n int) (b []byte, err error) {
+	if m := hostMemory(); m > 0 && uint64(n) > m {
+		return nil, fmt.Errorf("out of memory: the host has %d bytes of memory", m)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("out of memory: %v", r)
+		}
+	}()
+	return make([]byte, n), nil
+}
+
+// AllocPinned allocates n bytes of host memory pinned for d. A size the host cannot
+// hold is an out-of-memory error naming it (see Stream.Alloc).
 func (d *Device) AllocPinned(n int) (*HostBuffer, error) {
+	if err := d.check("AllocPinned"); err != nil {
+		return nil, err
+	}
 	if n < 0 || n > maxBytes {
 		return nil, fmt.Errorf("device: AllocPinned(%d): size out of range [0, 2^60]", n)
 	}
 	h := &HostBuffer{dev: d}
 	if d.kind != KindCUDA || n == 0 {
-		h.b = make([]byte, n)
+		var err error
+		if h.b, err = hostBytes(n); err != nil {
+			return nil, fmt.Errorf("device: AllocPinned(%d) on %v: %w", n, d, err)
+		}
 		return h, nil
 	}
 	err := d.Do(func() error {
@@ -40,14 +87,23 @@ func (d *Device) AllocPinned(n int) (*HostBuffer, error) {
 	return h, nil
 }
 
-// Bytes returns the buffer's memory.
-func (h *HostBuffer) Bytes() []byte { return h.b }
+// Bytes returns the buffer's memory (nil once freed, and for a nil buffer).
+func (h *HostBuffer) Bytes() []byte {
+	if h == nil {
+		return nil
+	}
+	return h.b
+}
 
-// Len returns the buffer's size in bytes.
-func (h *HostBuffer) Len() int { return len(h.b) }
+// Len returns the buffer's size in bytes (0 once freed, and for a nil buffer).
+func (h *HostBuffer) Len() int { return len(h.Bytes()) }
 
-// Free releases the buffer. No copy may still be using it.
+// Free releases the buffer. No copy may still be using it. Freeing twice is not an
+// error; freeing a nil buffer is.
 func (h *HostBuffer) Free() error {
+	if h == nil {
+		return errors.New("device: HostBuffer.Free: nil buffer")
+	}
 	if h.freed.Swap(true) {
 		return nil
 	}
@@ -59,6 +115,9 @@ func (h *HostBuffer) Free() error {
 }
 
 func (h *HostBuffer) span(op string, off, n int) error {
+	if h == nil {
+		return fmt.Errorf("device: %s: nil host buffer", op)
+	}
 	if h.freed.Load() {
 		return fmt.Errorf("device: %s: host buffer was freed", op)
 	}
@@ -69,7 +128,8 @@ func (h *HostBuffer) span(op string, off, n int) error {
 }
 
 // CopyFromPinned enqueues on s a copy of t.Bytes() bytes from h at byte offset off into
-// t, and returns without waiting. h must not change until the copy is done (record an event).
+// t, and returns without waiting. h must not change until the copy is done (record an
+// event). t cannot alias h.
 func (t *Tensor) CopyFromPinned(s *Stream, h *HostBuffer, off int) error {
 	if err := t.usable(s, "CopyFromPinned destination"); err != nil {
 		return err
@@ -87,7 +147,8 @@ func (t *Tensor) CopyFromPinned(s *Stream, h *HostBuffer, off int) error {
 }
 
 // CopyToPinned enqueues on s a copy of t into h at byte offset off, and returns without
-// waiting. Read h only after the copy is done (record an event, or synchronize s).
+// waiting. Read h only after the copy is done (record an event, or synchronize s). t
+// cannot alias h.
 func (t *Tensor) CopyToPinned(s *Stream, h *HostBuffer, off int) error {
 	if err := t.usable(s, "CopyToPinned source"); err != nil {
 		return err

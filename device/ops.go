@@ -12,8 +12,8 @@ import (
 //go:embed kernels/elementwise.cu
 var elementwiseSrc string
 
-// Elementwise is the program of the device package's own kernels (fill, copy, cast).
-var Elementwise = NewProgram("elementwise.cu", elementwiseSrc)
+// elementwise is the program of the device package's own kernels (fill, copy, cast).
+var elementwise = NewProgram("elementwise.cu", elementwiseSrc)
 
 const threads = 256
 
@@ -51,7 +51,7 @@ func nanToZero(v float64) float64 {
 
 // Fill sets every element of t to v, converted to t's dtype (floats are rounded to
 // float32, then to the dtype; integers truncate toward zero and saturate). It is
-// enqueued on s.
+// enqueued on s. t is its only operand: there is nothing to alias.
 func Fill(s *Stream, t *Tensor, v float64) error {
 	if err := t.usable(s, "Fill destination"); err != nil {
 		return err
@@ -60,7 +60,7 @@ func Fill(s *Stream, t *Tensor, v float64) error {
 }
 
 // Memset sets every byte of t to b: 0xFF, say, to poison an output (NaN in every float
-// dtype) before a test writes it.
+// dtype) before a test writes it. It is enqueued on s; t is its only operand.
 func Memset(s *Stream, t *Tensor, b byte) error {
 	if err := t.usable(s, "Memset destination"); err != nil {
 		return err
@@ -89,7 +89,7 @@ func fillPattern(s *Stream, t *Tensor, elem []byte) error {
 	}
 	// The kernel phases the pattern by address: element boundaries are multiples of
 	// the element size because allocations are 256-byte aligned.
-	k, err := s.dev.Kernel(Elementwise, "dl_fill")
+	k, err := s.dev.Kernel(elementwise, "dl_fill")
 	if err != nil {
 		return err
 	}
@@ -100,8 +100,10 @@ func fillPattern(s *Stream, t *Tensor, elem []byte) error {
 }
 
 // Copy copies src into dst on s. They must be on s's device, with the same dtype and
-// element count (shapes may differ). Moving data between devices goes through host
-// copies (CopyToHost, CopyFromPinned, ...).
+// element count (shapes may differ). dst may be src itself (the same elements of the same
+// storage, which Copy leaves as they are) but must not otherwise overlap it: that is an
+// error. Moving data between devices goes through host copies (CopyToHost,
+// CopyFromPinned, ...).
 func Copy(s *Stream, dst, src *Tensor) error {
 	if err := dst.usable(s, "Copy destination"); err != nil {
 		return err
@@ -115,7 +117,22 @@ func Copy(s *Stream, dst, src *Tensor) error {
 	if err := checkSameLen("Copy", dst, src); err != nil {
 		return err
 	}
+	if err := checkAlias("Copy", dst, src); err != nil {
+		return err
+	}
 	return copyBytes(s, dst, src, dst.Bytes())
+}
+
+// checkAlias returns an error if dst and src share bytes of one storage, unless they are
+// the same elements of one dtype (an element-wise op may then write where it reads).
+func checkAlias(op string, dst, src *Tensor) error {
+	if dst.st != src.st || dst.off >= src.off+src.Bytes() || src.off >= dst.off+dst.Bytes() {
+		return nil
+	}
+	if dst.off == src.off && dst.dtype == src.dtype && dst.n == src.n {
+		return nil
+	}
+	return fmt.Errorf("device: %s: destination %v overlaps source %v in memory", op, dst, src)
 }
 
 func copyBytes(s *Stream, dst, src *Tensor, nb int) error {
@@ -134,7 +151,7 @@ func copyBytes(s *Stream, dst, src *Tensor, nb int) error {
 		n16 = nb / 16
 	}
 	if n16 > 0 {
-		k, err := s.dev.Kernel(Elementwise, "dl_copy16")
+		k, err := s.dev.Kernel(elementwise, "dl_copy16")
 		if err != nil {
 			return err
 		}
@@ -144,7 +161,7 @@ func copyBytes(s *Stream, dst, src *Tensor, nb int) error {
 		}
 	}
 	if rest := nb - 16*n16; rest > 0 {
-		k, err := s.dev.Kernel(Elementwise, "dl_copy1")
+		k, err := s.dev.Kernel(elementwise, "dl_copy1")
 		if err != nil {
 			return err
 		}
@@ -161,7 +178,8 @@ func copyBytes(s *Stream, dst, src *Tensor, nb int) error {
 // Cast converts src into dst, element by element, on s: the same dtype copies bits;
 // I32 and I64 convert directly (I64 to I32 saturates); all else goes through float32
 // with the rounding and saturation of the destination's conversion (see EncodeFloat32).
-// GPU results are bit-identical to the CPU's.
+// GPU results are bit-identical to the CPU's. dst may be src itself when their dtypes
+// are the same (see Copy); otherwise they must not overlap: that is an error.
 func Cast(s *Stream, dst, src *Tensor) error {
 	if err := dst.usable(s, "Cast destination"); err != nil {
 		return err
@@ -170,6 +188,9 @@ func Cast(s *Stream, dst, src *Tensor) error {
 		return err
 	}
 	if err := checkSameLen("Cast", dst, src); err != nil {
+		return err
+	}
+	if err := checkAlias("Cast", dst, src); err != nil {
 		return err
 	}
 	if dst.dtype == src.dtype {
@@ -188,7 +209,7 @@ func Cast(s *Stream, dst, src *Tensor) error {
 			})
 		}, nil)
 	}
-	k, err := s.dev.Kernel(Elementwise, "dl_cast_"+src.dtype.String()+"_"+dst.dtype.String())
+	k, err := s.dev.Kernel(elementwise, "dl_cast_"+src.dtype.String()+"_"+dst.dtype.String())
 	if err != nil {
 		return err
 	}

@@ -10,8 +10,6 @@ import (
 	dt "github.com/dropless/dropless/device/devicetest"
 )
 
-func TestKernelsCompile(t *testing.T) { dt.CheckCompiles(t, device.Elementwise) }
-
 // download returns t's bytes.
 func download(t *testing.T, s *device.Stream, x *device.Tensor) []byte {
 	t.Helper()

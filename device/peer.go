@@ -29,6 +29,9 @@ type PeerHandle [64]byte
 // AllocPeerMemory allocates n bytes of PeerMemory on d, zeroed. It waits for the
 // allocation and the zeroing.
 func (d *Device) AllocPeerMemory(n int) (*PeerMemory, error) {
+	if err := d.check("AllocPeerMemory"); err != nil {
+		return nil, err
+	}
 	if d.kind != KindCUDA {
 		return nil, fmt.Errorf("device: AllocPeerMemory on %v: peer memory is GPU memory", d)
 	}
@@ -55,17 +58,42 @@ func (d *Device) AllocPeerMemory(n int) (*PeerMemory, error) {
 	return m, nil
 }
 
-// Ptr returns the memory's address on its device.
-func (m *PeerMemory) Ptr() uintptr { return uintptr(m.ptr) }
+// Ptr returns the memory's address on its device (0 for nil memory).
+func (m *PeerMemory) Ptr() uintptr {
+	if m == nil {
+		return 0
+	}
+	return uintptr(m.ptr)
+}
 
-// Bytes returns the size of the memory.
-func (m *PeerMemory) Bytes() int { return m.n }
+// Bytes returns the size of the memory (0 for nil memory).
+func (m *PeerMemory) Bytes() int {
+	if m == nil {
+		return 0
+	}
+	return m.n
+}
 
-// Device returns the device that owns the memory.
-func (m *PeerMemory) Device() *Device { return m.dev }
+// Device returns the device that owns the memory (nil for nil memory).
+func (m *PeerMemory) Device() *Device {
+	if m == nil {
+		return nil
+	}
+	return m.dev
+}
 
 // Handle returns the name another process passes to OpenPeerMemory to map the memory.
+// Nil and freed memory have none.
 func (m *PeerMemory) Handle() (PeerHandle, error) {
+	if m == nil {
+		return PeerHandle{}, errors.New("device: PeerMemory.Handle: nil memory")
+	}
+	m.mu.Lock()
+	freed := m.freed
+	m.mu.Unlock()
+	if freed {
+		return PeerHandle{}, errors.New("device: PeerMemory.Handle: memory was freed")
+	}
 	var h cuda.IPCMemHandle
 	err := m.dev.Do(func() error {
 		var err error
@@ -80,8 +108,11 @@ func (m *PeerMemory) Handle() (PeerHandle, error) {
 
 // Free releases the memory. It waits until the device's work that may use it is done
 // (the driver synchronizes). Peers must be done with it too. Freeing twice is not an
-// error.
+// error; freeing nil memory is.
 func (m *PeerMemory) Free() error {
+	if m == nil {
+		return errors.New("device: PeerMemory.Free: nil memory")
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.freed {
@@ -96,6 +127,9 @@ func (m *PeerMemory) Free() error {
 // (call it once the work that uses the address is done). The memory of this process
 // cannot be opened this way: use its Ptr on a device with peer access.
 func (d *Device) OpenPeerMemory(h PeerHandle) (ptr uintptr, close func() error, err error) {
+	if err := d.check("OpenPeerMemory"); err != nil {
+		return 0, nil, err
+	}
 	if d.kind != KindCUDA {
 		return 0, nil, fmt.Errorf("device: OpenPeerMemory on %v: peer memory is GPU memory", d)
 	}
@@ -117,9 +151,15 @@ func (d *Device) OpenPeerMemory(h PeerHandle) (ptr uintptr, close func() error, 
 }
 
 // CanAccessPeer reports whether d's kernels can address peer's memory directly. A
-// device can always address its own.
+// device can always address its own. A nil device or peer is an error.
 func (d *Device) CanAccessPeer(peer *Device) (bool, error) {
-	if d.kind != KindCUDA || peer == nil || peer.kind != KindCUDA {
+	if err := d.check("CanAccessPeer"); err != nil {
+		return false, err
+	}
+	if peer == nil {
+		return false, errors.New("device: CanAccessPeer: nil peer")
+	}
+	if d.kind != KindCUDA || peer.kind != KindCUDA {
 		return false, nil
 	}
 	if d == peer {
@@ -161,8 +201,14 @@ func (d *Device) WrapPeer(ptr uintptr, dt DType, shape ...int) (*Tensor, error) 
 // program's first launch on a device) waits for all of the device's streams: launch
 // the kernels once before a wait that only another device can end.
 func (s *Stream) WaitAtLeast(ptr uintptr, v uint32) error {
+	if err := s.live("WaitAtLeast"); err != nil {
+		return err
+	}
 	if s.dev.kind != KindCUDA {
 		return fmt.Errorf("device: WaitAtLeast on %v: a wait on device memory", s.dev)
+	}
+	if ptr == 0 {
+		return errors.New("device: WaitAtLeast: nil device pointer")
 	}
 	return s.dev.Do(func() error {
 		ok, err := cuda.StreamWaitValueGEQ(s.h, cuda.DevicePtr(ptr), v)
@@ -178,5 +224,5 @@ func (s *Stream) WaitAtLeast(ptr uintptr, v uint32) error {
 
 // CanWaitOnMemory reports whether streams of d support WaitAtLeast.
 func (d *Device) CanWaitOnMemory() bool {
-	return d.kind == KindCUDA && cuda.HasStreamWaitValue()
+	return d.IsCUDA() && cuda.HasStreamWaitValue()
 }

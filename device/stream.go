@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dropless/dropless/internal/cuda"
@@ -11,11 +12,13 @@ import (
 
 // Stream is an ordered queue of device work. On a GPU it is a CUDA stream and every op
 // enqueued on it returns without waiting for the work; on the CPU ops run when they are
-// enqueued, in the caller's goroutine, unless the stream is capturing.
+// enqueued, in the caller's goroutine, unless the stream is capturing. Every op on a nil
+// or closed stream is an error.
 type Stream struct {
-	dev   *Device
-	h     cuda.Stream
-	owned bool
+	dev    *Device
+	h      cuda.Stream
+	owned  bool
+	closed atomic.Bool
 
 	mu        sync.Mutex // CPU capture state
 	capturing bool
@@ -24,6 +27,9 @@ type Stream struct {
 
 // NewStream creates a stream on d. Close it when done.
 func (d *Device) NewStream() (*Stream, error) {
+	if err := d.check("NewStream"); err != nil {
+		return nil, err
+	}
 	if d.kind != KindCUDA {
 		return &Stream{dev: d}, nil
 	}
@@ -44,6 +50,9 @@ func (d *Device) NewStream() (*Stream, error) {
 // ordinary streams (running blocks are not preempted). Use it for work that others wait
 // on, such as transfers. On the CPU it is NewStream. Close it when done.
 func (d *Device) NewPriorityStream() (*Stream, error) {
+	if err := d.check("NewPriorityStream"); err != nil {
+		return nil, err
+	}
 	if d.kind != KindCUDA {
 		return d.NewStream()
 	}
@@ -63,32 +72,74 @@ func (d *Device) NewPriorityStream() (*Stream, error) {
 }
 
 // WrapStream returns a Stream for a CUDA stream handle created elsewhere (by
-// gorgonia.org/cu or another binding) in d's primary context. Closing it does not destroy it.
+// gorgonia.org/cu or another binding) in d's primary context. Closing it ends the
+// Stream, not the CUDA stream.
 func (d *Device) WrapStream(handle uintptr) (*Stream, error) {
+	if err := d.check("WrapStream"); err != nil {
+		return nil, err
+	}
 	if d.kind != KindCUDA {
 		return nil, fmt.Errorf("device: WrapStream on %v: foreign streams are CUDA streams", d)
 	}
 	return &Stream{dev: d, h: cuda.Stream(handle)}, nil
 }
 
-// Device returns the stream's device.
-func (s *Stream) Device() *Device { return s.dev }
+// Device returns the stream's device (nil for a nil stream).
+func (s *Stream) Device() *Device {
+	if s == nil {
+		return nil
+	}
+	return s.dev
+}
 
-// Handle returns the CUstream handle (0 on the CPU), for passing to other bindings.
-func (s *Stream) Handle() uintptr { return uintptr(s.h) }
+// Handle returns the CUstream handle (0 on the CPU and for a nil stream), for passing to
+// other bindings.
+func (s *Stream) Handle() uintptr {
+	if s == nil {
+		return 0
+	}
+	return uintptr(s.h)
+}
 
-// Close destroys the stream after its pending work. The device's default stream and
-// wrapped streams are not destroyed.
+// Close ends the stream: every op enqueued on it afterwards is an error. It destroys the
+// CUDA stream after its pending work, except for wrapped streams, whose CUDA stream is
+// left to its creator. Closing the device's default stream does nothing: it stays usable.
+// Closing twice is not an error.
 func (s *Stream) Close() error {
-	if !s.owned || s == s.dev.stream {
+	if s == nil {
+		return errors.New("device: Stream.Close: nil stream")
+	}
+	if s == s.dev.stream || s.closed.Swap(true) || !s.owned {
 		return nil
 	}
 	s.owned = false
 	return s.dev.Do(func() error { return cuda.StreamDestroy(s.h) })
 }
 
+// Closed reports whether s was closed (false for a nil stream and for the device's
+// default stream, which Close leaves open). Ops on a closed stream are errors; packages
+// whose ops may enqueue nothing check it themselves.
+func (s *Stream) Closed() bool { return s != nil && s.closed.Load() }
+
+// live returns an error unless s is a stream that is not closed; op names the caller.
+// Every exported function taking a stream calls it first (ops on tensors through
+// Tensor.Check), so that the error names the function; run calls it again, so that no
+// work is enqueued on a closed stream.
+func (s *Stream) live(op string) error {
+	if s == nil {
+		return fmt.Errorf("device: %s: nil stream", op)
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("device: %s: stream was closed", op)
+	}
+	return nil
+}
+
 // Synchronize waits until all work enqueued on s has finished.
 func (s *Stream) Synchronize() error {
+	if err := s.live("Stream.Synchronize"); err != nil {
+		return err
+	}
 	if s.dev.kind != KindCUDA {
 		return nil
 	}
@@ -96,8 +147,12 @@ func (s *Stream) Synchronize() error {
 }
 
 // run enqueues work: on the CPU it calls cpu now, or records it while capturing; on a
-// GPU it calls gpu inside Do. Every op of the library goes through run.
+// GPU it calls gpu inside Do. Every op of the library goes through run, which refuses a
+// closed stream.
 func (s *Stream) run(cpu func(), gpu func() error) error {
+	if err := s.live("op"); err != nil {
+		return err
+	}
 	if s.dev.kind != KindCUDA {
 		s.mu.Lock()
 		if s.capturing {
@@ -112,9 +167,22 @@ func (s *Stream) run(cpu func(), gpu func() error) error {
 	return s.dev.Do(gpu)
 }
 
+// isCapturing reports whether a CPU stream is capturing.
+func (s *Stream) isCapturing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.capturing
+}
+
 // EnqueueCPU runs fn as an op on a CPU stream (recorded when the stream is capturing).
 // Packages that implement ops call it for their CPU paths. On a GPU stream it is an error.
 func (s *Stream) EnqueueCPU(fn func()) error {
+	if err := s.live("EnqueueCPU"); err != nil {
+		return err
+	}
+	if fn == nil {
+		return errors.New("device: EnqueueCPU: nil function")
+	}
 	if s.dev.kind == KindCUDA {
 		return fmt.Errorf("device: EnqueueCPU on %v stream", s.dev)
 	}
@@ -124,14 +192,18 @@ func (s *Stream) EnqueueCPU(fn func()) error {
 // Event marks a point in a stream's work. On a GPU it is a CUDA event with timing; on
 // the CPU it holds the time its stream reached it.
 type Event struct {
-	dev *Device
-	h   cuda.Event
-	mu  sync.Mutex
-	at  time.Time
+	dev    *Device
+	h      cuda.Event
+	mu     sync.Mutex
+	at     time.Time
+	closed atomic.Bool
 }
 
 // NewEvent creates an event on d. Close it when done.
 func (d *Device) NewEvent() (*Event, error) {
+	if err := d.check("NewEvent"); err != nil {
+		return nil, err
+	}
 	e := &Event{dev: d}
 	if d.kind != KindCUDA {
 		return e, nil
@@ -147,8 +219,26 @@ func (d *Device) NewEvent() (*Event, error) {
 	return e, nil
 }
 
+// live returns an error unless e is an event that is not closed; op names the caller
+// and what the event.
+func (e *Event) live(op, what string) error {
+	if e == nil {
+		return fmt.Errorf("device: %s: %s is nil", op, what)
+	}
+	if e.closed.Load() {
+		return fmt.Errorf("device: %s: %s was closed", op, what)
+	}
+	return nil
+}
+
 // Record marks the current end of s's work with e.
 func (e *Event) Record(s *Stream) error {
+	if err := e.live("Event.Record", "event"); err != nil {
+		return err
+	}
+	if err := s.live("Event.Record"); err != nil {
+		return err
+	}
 	if s.dev != e.dev {
 		return fmt.Errorf("device: Event.Record: event of %v on a stream of %v", e.dev, s.dev)
 	}
@@ -161,6 +251,9 @@ func (e *Event) Record(s *Stream) error {
 
 // Record creates an event and records it on s.
 func (s *Stream) Record() (*Event, error) {
+	if err := s.live("Stream.Record"); err != nil {
+		return nil, err
+	}
 	e, err := s.dev.NewEvent()
 	if err != nil {
 		return nil, err
@@ -175,6 +268,12 @@ func (s *Stream) Record() (*Event, error) {
 // Wait makes work enqueued on s after this call wait until e has completed. It does
 // not block the host.
 func (s *Stream) Wait(e *Event) error {
+	if err := s.live("Stream.Wait"); err != nil {
+		return err
+	}
+	if err := e.live("Stream.Wait", "event"); err != nil {
+		return err
+	}
 	if s.dev != e.dev {
 		return fmt.Errorf("device: Stream.Wait: event of %v on a stream of %v", e.dev, s.dev)
 	}
@@ -183,6 +282,9 @@ func (s *Stream) Wait(e *Event) error {
 
 // Synchronize blocks the host until e has completed.
 func (e *Event) Synchronize() error {
+	if err := e.live("Event.Synchronize", "event"); err != nil {
+		return err
+	}
 	if e.dev.kind != KindCUDA {
 		return nil
 	}
@@ -191,6 +293,9 @@ func (e *Event) Synchronize() error {
 
 // Done reports whether e has completed, without blocking.
 func (e *Event) Done() (bool, error) {
+	if err := e.live("Event.Done", "event"); err != nil {
+		return false, err
+	}
 	if e.dev.kind != KindCUDA {
 		return true, nil
 	}
@@ -203,15 +308,28 @@ func (e *Event) Done() (bool, error) {
 	return ok, err
 }
 
-// Since returns the time between start and e, both completed.
+// Since returns the time between start and e, both recorded on streams of one device
+// and completed. An event that was never recorded (or, on the CPU, whose recording was
+// captured into a graph not launched yet) is an error.
 func (e *Event) Since(start *Event) (time.Duration, error) {
+	if err := e.live("Event.Since", "event"); err != nil {
+		return 0, err
+	}
+	if err := start.live("Event.Since", "start"); err != nil {
+		return 0, err
+	}
+	if start.dev != e.dev {
+		return 0, fmt.Errorf("device: Event.Since: event of %v, start of %v", e.dev, start.dev)
+	}
 	if e.dev.kind != KindCUDA {
-		e.mu.Lock()
-		start.mu.Lock()
-		d := e.at.Sub(start.at)
-		start.mu.Unlock()
-		e.mu.Unlock()
-		return d, nil
+		at, from := e.recorded(), start.recorded()
+		switch {
+		case at.IsZero():
+			return 0, errors.New("device: Event.Since: event was never recorded")
+		case from.IsZero():
+			return 0, errors.New("device: Event.Since: start was never recorded")
+		}
+		return at.Sub(from), nil
 	}
 	var ms float32
 	err := e.dev.Do(func() error {
@@ -219,12 +337,25 @@ func (e *Event) Since(start *Event) (time.Duration, error) {
 		ms, err = cuda.EventElapsedTime(start.h, e.h)
 		return err
 	})
-	return time.Duration(float64(ms) * float64(time.Millisecond)), err
+	if err != nil {
+		return 0, fmt.Errorf("device: Event.Since: %w", err)
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
 }
 
-// Close destroys e.
+// recorded returns the time a CPU event was reached, zero if never.
+func (e *Event) recorded() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.at
+}
+
+// Close destroys e; using it afterwards is an error. Closing twice is not.
 func (e *Event) Close() error {
-	if e.dev.kind != KindCUDA || e.h == 0 {
+	if e == nil {
+		return errors.New("device: Event.Close: nil event")
+	}
+	if e.closed.Swap(true) || e.dev.kind != KindCUDA || e.h == 0 {
 		return nil
 	}
 	h := e.h
@@ -235,15 +366,19 @@ func (e *Event) Close() error {
 // Graph is work captured from a stream, replayable with one launch. On a GPU it is an
 // instantiated CUDA graph; on the CPU it is the captured ops, run in order.
 type Graph struct {
-	dev  *Device
-	g    cuda.Graph
-	exec cuda.GraphExec
-	ops  []func()
+	dev    *Device
+	g      cuda.Graph
+	exec   cuda.GraphExec
+	ops    []func()
+	closed atomic.Bool
 }
 
 // BeginCapture starts recording the work enqueued on s instead of running it, until
 // EndCapture. Stream-ordered allocations made while capturing become part of the graph.
 func (s *Stream) BeginCapture() error {
+	if err := s.live("BeginCapture"); err != nil {
+		return err
+	}
 	if s.dev.kind != KindCUDA {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -258,6 +393,9 @@ func (s *Stream) BeginCapture() error {
 
 // EndCapture stops recording on s and returns the captured work as a Graph. Close it when done.
 func (s *Stream) EndCapture() (*Graph, error) {
+	if err := s.live("EndCapture"); err != nil {
+		return nil, err
+	}
 	g := &Graph{dev: s.dev}
 	if s.dev.kind != KindCUDA {
 		s.mu.Lock()
@@ -285,8 +423,17 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	return g, nil
 }
 
-// Launch enqueues the graph's work on s.
+// Launch enqueues the graph's work on s. Launching a closed graph is an error.
 func (g *Graph) Launch(s *Stream) error {
+	switch {
+	case g == nil:
+		return errors.New("device: Graph.Launch: nil graph")
+	case g.closed.Load():
+		return errors.New("device: Graph.Launch: graph was closed")
+	}
+	if err := s.live("Graph.Launch"); err != nil {
+		return err
+	}
 	if s.dev != g.dev {
 		return fmt.Errorf("device: Graph.Launch: graph of %v on a stream of %v", g.dev, s.dev)
 	}
@@ -297,9 +444,12 @@ func (g *Graph) Launch(s *Stream) error {
 	}, func() error { return cuda.GraphLaunch(g.exec, s.h) })
 }
 
-// Close destroys the graph.
+// Close destroys the graph; launching it afterwards is an error. Closing twice is not.
 func (g *Graph) Close() error {
-	if g.dev.kind != KindCUDA || g.exec == 0 {
+	if g == nil {
+		return errors.New("device: Graph.Close: nil graph")
+	}
+	if g.closed.Swap(true) || g.dev.kind != KindCUDA || g.exec == 0 {
 		return nil
 	}
 	exec, gr := g.exec, g.g

@@ -53,8 +53,14 @@ func numel(dt DType, shape []int) (int, error) {
 }
 
 // Alloc returns an uninitialised tensor of the given dtype and shape on s's device,
-// allocated in stream order on s (on the CPU: zeroed Go memory).
+// allocated in stream order on s (on the CPU: zeroed Go memory). A size the device
+// cannot hold is an out-of-memory error naming it; on the CPU that is a size over the
+// host's memory, as far as the system tells, since Go ends the process on an allocation
+// it cannot meet.
 func (s *Stream) Alloc(dt DType, shape ...int) (*Tensor, error) {
+	if err := s.live("Alloc"); err != nil {
+		return nil, err
+	}
 	n, err := numel(dt, shape)
 	if err != nil {
 		return nil, err
@@ -62,22 +68,25 @@ func (s *Stream) Alloc(dt DType, shape ...int) (*Tensor, error) {
 	nb := n * dt.Size()
 	st := &storage{dev: s.dev, nbytes: nb, stream: s, owned: true}
 	if s.dev.kind != KindCUDA {
-		st.host = make([]byte, nb)
+		st.host, err = hostBytes(nb)
 	} else if nb > 0 {
-		err := s.dev.Do(func() error {
+		err = s.dev.Do(func() error {
 			var err error
 			st.ptr, err = cuda.MemAllocAsync(uint64(nb), s.h)
 			return err
 		})
-		if err != nil {
-			return nil, fmt.Errorf("device: Alloc %v %v (%d bytes) on %v: %w", dt, shape, nb, s.dev, err)
-		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("device: Alloc %v %v (%d bytes) on %v: %w", dt, shape, nb, s.dev, err)
 	}
 	return &Tensor{dtype: dt, shape: append([]int(nil), shape...), n: n, st: st}, nil
 }
 
 // Alloc is d.Stream().Alloc.
 func (d *Device) Alloc(dt DType, shape ...int) (*Tensor, error) {
+	if err := d.check("Alloc"); err != nil {
+		return nil, err
+	}
 	return d.Stream().Alloc(dt, shape...)
 }
 
@@ -90,6 +99,9 @@ func (d *Device) Wrap(ptr uintptr, dt DType, shape ...int) (*Tensor, error) {
 
 // wrap makes the tensor of Wrap (own is true: ptr must be d's memory) and WrapPeer.
 func (d *Device) wrap(what string, ptr uintptr, dt DType, shape []int, own bool) (*Tensor, error) {
+	if err := d.check(what); err != nil {
+		return nil, err
+	}
 	if d.kind != KindCUDA {
 		return nil, fmt.Errorf("device: %s on %v: foreign pointers are CUDA device pointers", what, d)
 	}
@@ -121,11 +133,30 @@ func (d *Device) wrap(what string, ptr uintptr, dt DType, shape []int, own bool)
 // Free releases the tensor's memory in stream order on the stream that allocated it,
 // so work enqueued before on that stream still sees it. Work on other streams must be
 // ordered before it by the caller (Stream.Wait). Free on a view frees the whole storage.
-// Using a freed tensor is an error; freeing twice is not.
-func (t *Tensor) Free() error { return t.FreeOn(t.st.stream) }
+// Using a freed tensor is an error; freeing twice is not. Freeing a nil tensor, or one
+// whose allocating stream was closed (free it with FreeOn), is an error.
+func (t *Tensor) Free() error {
+	if !t.ok() {
+		return errors.New("device: Free: nil tensor")
+	}
+	st := t.st
+	if !st.owned || st.freed.Load() {
+		return nil
+	}
+	if st.stream.closed.Load() {
+		return fmt.Errorf("device: Free of %v: the stream that allocated it was closed (use FreeOn)", t)
+	}
+	return t.FreeOn(st.stream)
+}
 
 // FreeOn is Free ordered on s instead of the allocating stream.
 func (t *Tensor) FreeOn(s *Stream) error {
+	if !t.ok() {
+		return errors.New("device: FreeOn: nil tensor")
+	}
+	if err := s.live("FreeOn"); err != nil {
+		return err
+	}
 	st := t.st
 	if s.dev != st.dev {
 		return fmt.Errorf("device: FreeOn: tensor on %v, stream on %v", st.dev, s.dev)
@@ -143,50 +174,98 @@ func (t *Tensor) FreeOn(s *Stream) error {
 	return st.dev.Do(func() error { return cuda.MemFreeAsync(st.ptr, s.h) })
 }
 
-// DType returns the element type.
-func (t *Tensor) DType() DType { return t.dtype }
+// ok reports whether t is a tensor made by this package, not nil nor a zero Tensor.
+// The accessors below return zero values for the others.
+func (t *Tensor) ok() bool { return t != nil && t.st != nil }
 
-// Shape returns a copy of the shape.
-func (t *Tensor) Shape() []int { return append([]int(nil), t.shape...) }
+// DType returns the element type (Invalid for a nil tensor).
+func (t *Tensor) DType() DType {
+	if !t.ok() {
+		return Invalid
+	}
+	return t.dtype
+}
 
-// Rank returns the number of dimensions.
-func (t *Tensor) Rank() int { return len(t.shape) }
+// Shape returns a copy of the shape (nil for a nil tensor).
+func (t *Tensor) Shape() []int {
+	if !t.ok() {
+		return nil
+	}
+	return append([]int(nil), t.shape...)
+}
 
-// Dim returns the size of dimension i; negative i counts from the end.
+// Rank returns the number of dimensions (0 for a nil tensor).
+func (t *Tensor) Rank() int {
+	if !t.ok() {
+		return 0
+	}
+	return len(t.shape)
+}
+
+// Dim returns the size of dimension i; negative i counts from the end, -1 being the
+// last. It returns 0 for a dimension t does not have (i ≥ Rank or i < -Rank) and for a
+// nil tensor: check i against Rank where 0 would be taken for a size.
 func (t *Tensor) Dim(i int) int {
+	if !t.ok() {
+		return 0
+	}
 	if i < 0 {
 		i += len(t.shape)
+	}
+	if i < 0 || i >= len(t.shape) {
+		return 0
 	}
 	return t.shape[i]
 }
 
-// Len returns the number of elements.
-func (t *Tensor) Len() int { return t.n }
+// Len returns the number of elements (0 for a nil tensor).
+func (t *Tensor) Len() int {
+	if !t.ok() {
+		return 0
+	}
+	return t.n
+}
 
-// Bytes returns the size of the data in bytes.
-func (t *Tensor) Bytes() int { return t.n * t.dtype.Size() }
+// Bytes returns the size of the data in bytes (0 for a nil tensor).
+func (t *Tensor) Bytes() int {
+	if !t.ok() {
+		return 0
+	}
+	return t.n * t.dtype.Size()
+}
 
-// Device returns the tensor's device.
-func (t *Tensor) Device() *Device { return t.st.dev }
+// Device returns the tensor's device (nil for a nil tensor).
+func (t *Tensor) Device() *Device {
+	if !t.ok() {
+		return nil
+	}
+	return t.st.dev
+}
 
-// Freed reports whether the tensor's storage was freed.
-func (t *Tensor) Freed() bool { return t.st.freed.Load() }
+// Freed reports whether the tensor's storage was freed (false for a nil tensor).
+func (t *Tensor) Freed() bool { return t.ok() && t.st.freed.Load() }
 
-// String describes the tensor: "bf16[4096 7168]@cuda:0".
-func (t *Tensor) String() string { return fmt.Sprintf("%v%v@%v", t.dtype, t.shape, t.st.dev) }
+// String describes the tensor: "bf16[4096 7168]@cuda:0" ("<nil>" for a nil tensor).
+func (t *Tensor) String() string {
+	if !t.ok() {
+		return "<nil>"
+	}
+	return fmt.Sprintf("%v%v@%v", t.dtype, t.shape, t.st.dev)
+}
 
-// Ptr returns the device address of the first element (0 for CPU tensors), for passing
-// to other bindings.
+// Ptr returns the device address of the first element (0 for CPU and nil tensors), for
+// passing to other bindings.
 func (t *Tensor) Ptr() uintptr {
-	if t.st.dev.kind != KindCUDA {
+	if !t.ok() || t.st.dev.kind != KindCUDA {
 		return 0
 	}
 	return uintptr(t.st.ptr) + uintptr(t.off)
 }
 
-// HostBytes returns the CPU tensor's bytes, aliasing its storage; nil for GPU tensors.
+// HostBytes returns the CPU tensor's bytes, aliasing its storage; nil for GPU, freed
+// and nil tensors.
 func (t *Tensor) HostBytes() []byte {
-	if t.st.dev.kind == KindCUDA || t.st.host == nil {
+	if !t.ok() || t.st.dev.kind == KindCUDA || t.st.host == nil {
 		return nil
 	}
 	return t.st.host[t.off : t.off+t.Bytes()]
@@ -199,10 +278,14 @@ type Elem interface {
 
 // Slice returns a CPU tensor's elements as a []T aliasing its storage. T's size must
 // be the dtype's size (float32 for F32, uint16 for BF16 and F16, uint8 for the 8-bit
-// types, int32 for I32, int64 for I64). It panics for GPU tensors and size mismatches:
-// it is the accessor of CPU kernels, which have checked both.
+// types, int32 for I32, int64 for I64). It panics for nil and GPU tensors and size
+// mismatches: it is the accessor of CPU kernels, which have checked all three (with
+// Tensor.Check and the dtype).
 func Slice[T Elem](t *Tensor) []T {
 	var z T
+	if !t.ok() {
+		panic(fmt.Sprintf("device.Slice: []%T of a nil tensor", z))
+	}
 	if int(unsafe.Sizeof(z)) != t.dtype.Size() {
 		panic(fmt.Sprintf("device.Slice: %T for %v elements", z, t.dtype))
 	}
@@ -219,9 +302,23 @@ func Slice[T Elem](t *Tensor) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), t.n)
 }
 
+// viewable returns an error unless t is a live tensor to take views of; op names the caller.
+func (t *Tensor) viewable(op string) error {
+	if !t.ok() {
+		return fmt.Errorf("device: %s of a nil tensor", op)
+	}
+	if t.st.freed.Load() {
+		return fmt.Errorf("device: %s of %v: tensor was freed", op, t)
+	}
+	return nil
+}
+
 // View returns a tensor of the given shape over t's storage, starting offset elements
 // into t. It must lie within t.
 func (t *Tensor) View(offset int, shape ...int) (*Tensor, error) {
+	if err := t.viewable("View"); err != nil {
+		return nil, err
+	}
 	n, err := numel(t.dtype, shape)
 	if err != nil {
 		return nil, err
@@ -234,6 +331,9 @@ func (t *Tensor) View(offset int, shape ...int) (*Tensor, error) {
 
 // Reshape returns a view of t with another shape of the same element count.
 func (t *Tensor) Reshape(shape ...int) (*Tensor, error) {
+	if err := t.viewable("Reshape"); err != nil {
+		return nil, err
+	}
 	n, err := numel(t.dtype, shape)
 	if err != nil {
 		return nil, err
@@ -246,6 +346,9 @@ func (t *Tensor) Reshape(shape ...int) (*Tensor, error) {
 
 // Rows returns rows [lo, hi) of t along its first dimension, as a view.
 func (t *Tensor) Rows(lo, hi int) (*Tensor, error) {
+	if err := t.viewable("Rows"); err != nil {
+		return nil, err
+	}
 	if len(t.shape) == 0 || lo < 0 || hi < lo || hi > t.shape[0] {
 		return nil, fmt.Errorf("device: Rows(%d, %d) of %v", lo, hi, t)
 	}
@@ -257,10 +360,14 @@ func (t *Tensor) Rows(lo, hi int) (*Tensor, error) {
 	return t.View(lo*inner, shape...)
 }
 
-// usable checks that t may be used on s.
+// usable checks that t may be used on s: both not nil, s not closed, t not freed and
+// on s's device.
 func (t *Tensor) usable(s *Stream, what string) error {
-	if t == nil {
+	if !t.ok() {
 		return fmt.Errorf("device: %s is nil", what)
+	}
+	if err := s.live(what); err != nil {
+		return err
 	}
 	if t.st.freed.Load() {
 		return fmt.Errorf("device: %s %v was freed", what, t)
@@ -271,14 +378,15 @@ func (t *Tensor) usable(s *Stream, what string) error {
 	return nil
 }
 
-// Check returns an error unless t is a live tensor on s's device; what names t in the error.
-// Ops of other packages call it on each operand.
+// Check returns an error unless t is a live tensor on s's device and s a stream that is
+// not closed; what names t in the error. Ops of other packages call it on each operand.
 func (t *Tensor) Check(s *Stream, what string) error { return t.usable(s, what) }
 
 func (t *Tensor) dptr() cuda.DevicePtr { return t.st.ptr + cuda.DevicePtr(t.off) }
 
 // CopyFromHost copies len(src) bytes, which must be t.Bytes(), into t. It is ordered
-// after the work on s and returns when the copy is done; src may then be reused.
+// after the work on s and returns when the copy is done; src may then be reused. src may
+// alias t's own bytes (HostBytes).
 func (t *Tensor) CopyFromHost(s *Stream, src []byte) error {
 	if err := t.usable(s, "CopyFromHost destination"); err != nil {
 		return err
@@ -298,7 +406,7 @@ func (t *Tensor) CopyFromHost(s *Stream, src []byte) error {
 }
 
 // CopyToHost copies t into dst, which must hold t.Bytes() bytes. It waits for the work
-// on s before it and returns when dst holds the data.
+// on s before it and returns when dst holds the data. dst may alias t's own bytes.
 func (t *Tensor) CopyToHost(s *Stream, dst []byte) error {
 	if err := t.usable(s, "CopyToHost source"); err != nil {
 		return err
@@ -309,7 +417,7 @@ func (t *Tensor) CopyToHost(s *Stream, dst []byte) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	if s.dev.kind != KindCUDA && s.capturing {
+	if s.dev.kind != KindCUDA && s.isCapturing() {
 		return errors.New("device: CopyToHost on a capturing CPU stream")
 	}
 	return s.run(func() { copy(dst, t.HostBytes()) }, func() error {
@@ -329,8 +437,11 @@ func asBytes[T Elem](v []T) []byte {
 }
 
 // Upload copies raw elements into t (see Slice for which T fits which dtype); len(src)
-// must be t.Len(). It returns when the copy is done.
+// must be t.Len(). It returns when the copy is done. src may alias t's own elements.
 func Upload[T Elem](s *Stream, t *Tensor, src []T) error {
+	if err := t.usable(s, "Upload destination"); err != nil {
+		return err
+	}
 	var z T
 	if int(unsafe.Sizeof(z)) != t.dtype.Size() {
 		return fmt.Errorf("device: Upload of []%T into %v: element sizes differ", z, t)
@@ -341,8 +452,12 @@ func Upload[T Elem](s *Stream, t *Tensor, src []T) error {
 	return t.CopyFromHost(s, asBytes(src))
 }
 
-// Download copies t's raw elements into dst; len(dst) must be t.Len().
+// Download copies t's raw elements into dst; len(dst) must be t.Len(). dst may alias
+// t's own elements.
 func Download[T Elem](s *Stream, t *Tensor, dst []T) error {
+	if err := t.usable(s, "Download source"); err != nil {
+		return err
+	}
 	var z T
 	if int(unsafe.Sizeof(z)) != t.dtype.Size() {
 		return fmt.Errorf("device: Download of %v into []%T: element sizes differ", t, z)
@@ -353,8 +468,8 @@ func Download[T Elem](s *Stream, t *Tensor, dst []T) error {
 	return t.CopyToHost(s, asBytes(dst))
 }
 
-// FromSlice allocates a tensor of dtype dt and shape on s's device holding data's raw
-// elements. T's size must match dt (see Slice).
+// FromSlice allocates a tensor of dtype dt and shape on s's device holding a copy of
+// data's raw elements: the tensor does not alias data. T's size must match dt (see Slice).
 func FromSlice[T Elem](s *Stream, dt DType, data []T, shape ...int) (*Tensor, error) {
 	t, err := s.Alloc(dt, shape...)
 	if err != nil {
@@ -368,7 +483,8 @@ func FromSlice[T Elem](s *Stream, dt DType, data []T, shape ...int) (*Tensor, er
 }
 
 // FromFloat32 allocates a tensor of dtype dt and shape on s's device holding data
-// converted to dt (round to nearest even, saturating as dt's conversion says).
+// converted to dt (round to nearest even, saturating as dt's conversion says). The
+// tensor does not alias data.
 func FromFloat32(s *Stream, dt DType, data []float32, shape ...int) (*Tensor, error) {
 	t, err := s.Alloc(dt, shape...)
 	if err != nil {
@@ -382,7 +498,11 @@ func FromFloat32(s *Stream, dt DType, data []float32, shape ...int) (*Tensor, er
 }
 
 // SetFloat32 writes data, converted to t's dtype, into t; len(data) must be t.Len().
+// data is converted into a buffer of its own first, so it may alias t's bytes.
 func (t *Tensor) SetFloat32(s *Stream, data []float32) error {
+	if err := t.usable(s, "SetFloat32 destination"); err != nil {
+		return err
+	}
 	if len(data) != t.n {
 		return fmt.Errorf("device: SetFloat32: %d values into %v (%d elements)", len(data), t, t.n)
 	}
@@ -392,8 +512,12 @@ func (t *Tensor) SetFloat32(s *Stream, data []float32) error {
 }
 
 // Float32s returns t's elements converted to float32 (exactly for every dtype but I64
-// beyond 2^24, which rounds to nearest even). It waits for the work on s.
+// beyond 2^24, which rounds to nearest even). It waits for the work on s. The result is
+// a new slice: it does not alias t.
 func (t *Tensor) Float32s(s *Stream) ([]float32, error) {
+	if err := t.usable(s, "Float32s source"); err != nil {
+		return nil, err
+	}
 	b := make([]byte, t.Bytes())
 	if err := t.CopyToHost(s, b); err != nil {
 		return nil, err
@@ -403,7 +527,7 @@ func (t *Tensor) Float32s(s *Stream) ([]float32, error) {
 	return out, nil
 }
 
-// checkSame returns an error unless a and b have the same element count.
+// checkSameLen returns an error unless dst and src have the same element count.
 func checkSameLen(op string, dst, src *Tensor) error {
 	if dst.n != src.n {
 		return fmt.Errorf("device: %s: destination %v has %d elements, source %v has %d", op, dst, dst.n, src, src.n)

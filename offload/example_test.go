@@ -49,7 +49,11 @@ func ExampleParsePolicy() {
 		panic(err)
 	}
 	fmt.Println(p.Action("moe_mlpwi_1"), p.Action("query_proj"), p.Action("mlpwo"))
-	fmt.Println(p.With("key_proj", offload.Remat))
+	q, err := p.With("key_proj", offload.Remat)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(q)
 	_, err = offload.ParsePolicy("query_proj=recompute")
 	fmt.Println(err)
 	// Output:

@@ -115,7 +115,7 @@ type Stats struct {
 
 // New returns an offloader for d, with its two streams and a pinned pool of
 // cfg.PoolBytes bytes. Pinning is slow (about 1 s per GiB): make one offloader and
-// keep it. Close it when done.
+// keep it. Close it when done. A pool the host cannot hold is an error.
 func New(d *device.Device, cfg Config) (*Offloader, error) {
 	if d == nil {
 		return nil, errors.New("offload: New: nil device")
@@ -143,17 +143,48 @@ func New(d *device.Device, cfg Config) (*Offloader, error) {
 	return o, nil
 }
 
-// Device returns the offloader's device.
-func (o *Offloader) Device() *device.Device { return o.dev }
+// Device returns the offloader's device (nil for a nil Offloader).
+func (o *Offloader) Device() *device.Device {
+	if o == nil {
+		return nil
+	}
+	return o.dev
+}
 
-// Policy returns the offloader's policy.
-func (o *Offloader) Policy() Policy { return o.policy }
+// Policy returns the offloader's policy (the zero Policy for a nil Offloader).
+func (o *Offloader) Policy() Policy {
+	if o == nil {
+		return Policy{}
+	}
+	return o.policy
+}
 
-// D2H returns the stream the offload copies run on, for ordering other work after them.
-func (o *Offloader) D2H() *device.Stream { return o.d2h }
+// D2H returns the stream the offload copies run on, for ordering other work after them
+// (nil for a nil Offloader).
+func (o *Offloader) D2H() *device.Stream {
+	if o == nil {
+		return nil
+	}
+	return o.d2h
+}
 
-// H2D returns the stream the reload copies run on, for ordering other work after them.
-func (o *Offloader) H2D() *device.Stream { return o.h2d }
+// H2D returns the stream the reload copies run on, for ordering other work after them
+// (nil for a nil Offloader).
+func (o *Offloader) H2D() *device.Stream {
+	if o == nil {
+		return nil
+	}
+	return o.h2d
+}
+
+// lock locks o for op, or returns why it cannot: o is nil.
+func (o *Offloader) lock(op string) error {
+	if o == nil {
+		return fmt.Errorf("offload: %s: nil Offloader", op)
+	}
+	o.mu.Lock()
+	return nil
+}
 
 // Save saves the activation t (any dtype and shape, on the offloader's device),
 // produced by work enqueued on compute, under name; the policy decides what happens:
@@ -166,10 +197,13 @@ func (o *Offloader) H2D() *device.Stream { return o.h2d }
 //
 // Save takes t in every case: enqueue every use of t before calling Save (on compute,
 // or on streams ordered before compute's current end), never use t afterwards, and
-// never Save a view of a tensor still in use. Save does not block the host; on error,
-// t is left to the caller.
+// never Save a view of a tensor still in use. Saving a tensor that a handle still holds
+// on the device is an error. Save does not block the host; on error, t is left to the
+// caller.
 func (o *Offloader) Save(compute *device.Stream, name string, t *device.Tensor) (Handle, error) {
-	o.mu.Lock()
+	if err := o.lock("Save"); err != nil {
+		return Handle{}, err
+	}
 	defer o.mu.Unlock()
 	if err := o.check(compute, "Save"); err != nil {
 		return Handle{}, err
@@ -178,6 +212,9 @@ func (o *Offloader) Save(compute *device.Stream, name string, t *device.Tensor) 
 	if act != Remat || t != nil {
 		if err := t.Check(compute, "tensor"); err != nil {
 			return Handle{}, fmt.Errorf("offload: Save %q: %w", name, err)
+		}
+		if i := o.holder(t); i >= 0 {
+			return Handle{}, fmt.Errorf("offload: Save %q: tensor %v is held by the handle of Save %q: a tensor is saved once", name, t, o.recs[i].name)
 		}
 	}
 	if act == Remat {
@@ -274,7 +311,9 @@ func (o *Offloader) offload(id int32, compute *device.Stream, t *device.Tensor, 
 // copy. It does nothing for activations kept on the device, dropped, or already
 // prefetched, and does not block the host.
 func (o *Offloader) Prefetch(h Handle) error {
-	o.mu.Lock()
+	if err := o.lock("Prefetch"); err != nil {
+		return err
+	}
 	defer o.mu.Unlock()
 	r, _, err := o.lookup(h, "Prefetch")
 	if err != nil {
@@ -313,10 +352,13 @@ func (o *Offloader) prefetch(r *record) error {
 // unless Prefetch was called) or, for an activation kept on the device, for its
 // producer. Load never blocks the host. The caller owns the tensor: a reloaded tensor
 // was allocated on the H2D stream, so release it with FreeOn(compute) (or FreeOn the
-// stream of its last use), not Free. For an activation dropped by Remat, Load returns
+// stream of its last use), not Free. For an activation kept on the device, the tensor
+// is the one Save was given, not a copy. For an activation dropped by Remat, Load returns
 // an error wrapping ErrRecompute. The pool slot is reused once the reload has finished.
 func (o *Offloader) Load(compute *device.Stream, h Handle) (*device.Tensor, error) {
-	o.mu.Lock()
+	if err := o.lock("Load"); err != nil {
+		return nil, err
+	}
 	defer o.mu.Unlock()
 	if err := o.check(compute, "Load"); err != nil {
 		return nil, err
@@ -356,7 +398,9 @@ func (o *Offloader) Load(compute *device.Stream, h Handle) (*device.Tensor, erro
 // kept on the device is freed on s (the stream of its last use); a reload in flight is
 // freed after its copy.
 func (o *Offloader) Drop(s *device.Stream, h Handle) error {
-	o.mu.Lock()
+	if err := o.lock("Drop"); err != nil {
+		return err
+	}
 	defer o.mu.Unlock()
 	if err := o.check(s, "Drop"); err != nil {
 		return err
@@ -383,7 +427,9 @@ func (o *Offloader) Drop(s *device.Stream, h Handle) error {
 // Synchronize blocks until every copy enqueued so far has finished and returns the pool
 // slots of loaded activations to the pool. It is for the end of a run, not a step.
 func (o *Offloader) Synchronize() error {
-	o.mu.Lock()
+	if err := o.lock("Synchronize"); err != nil {
+		return err
+	}
 	defer o.mu.Unlock()
 	if o.closed {
 		return errors.New("offload: Synchronize: offloader is closed")
@@ -395,8 +441,11 @@ func (o *Offloader) Synchronize() error {
 	return nil
 }
 
-// Stats returns the offloader's counters.
+// Stats returns the offloader's counters (zero for a nil Offloader).
 func (o *Offloader) Stats() Stats {
+	if o == nil {
+		return Stats{}
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	s := o.stats
@@ -407,9 +456,12 @@ func (o *Offloader) Stats() Stats {
 }
 
 // Close waits for all work on the device, frees the tensors held by live handles, the
-// pool, the events and the streams. Handles are invalid afterwards.
+// pool, the events and the streams. Handles are invalid afterwards. Closing twice is
+// not an error.
 func (o *Offloader) Close() error {
-	o.mu.Lock()
+	if err := o.lock("Close"); err != nil {
+		return err
+	}
 	defer o.mu.Unlock()
 	if o.closed {
 		return nil
@@ -417,8 +469,10 @@ func (o *Offloader) Close() error {
 	o.closed = true
 	err := o.dev.Synchronize()
 	for i := range o.recs {
+		// The device is idle: free on a stream of ours, which is open, whatever
+		// became of the streams that allocated the tensors.
 		if r := &o.recs[i]; r.t != nil {
-			err = errors.Join(err, r.t.Free())
+			err = errors.Join(err, r.t.FreeOn(o.d2h))
 			r.t = nil
 		}
 	}
@@ -454,10 +508,22 @@ func (o *Offloader) check(s *device.Stream, op string) error {
 		return fmt.Errorf("offload: %s: offloader is closed", op)
 	case s == nil:
 		return fmt.Errorf("offload: %s: nil stream", op)
+	case s.Closed():
+		return fmt.Errorf("offload: %s: stream was closed", op)
 	case s.Device() != o.dev:
 		return fmt.Errorf("offload: %s: stream of %v, offloader of %v", op, s.Device(), o.dev)
 	}
 	return nil
+}
+
+// holder returns the index of the record that holds t, or -1.
+func (o *Offloader) holder(t *device.Tensor) int {
+	for i := range o.recs {
+		if o.recs[i].t == t {
+			return i
+		}
+	}
+	return -1
 }
 
 // lookup returns the live record h names.

@@ -156,13 +156,14 @@ func (p Policy) Default() Action {
 }
 
 // With returns p with name mapped to a: the entry is replaced where p has one, else
-// appended. Name Wildcard sets the default. It panics on a name ParsePolicy refuses.
-func (p Policy) With(name string, a Action) Policy {
+// appended. Name Wildcard sets the default. A name ParsePolicy refuses and an action
+// that is not one of Device, Offload and Remat are errors.
+func (p Policy) With(name string, a Action) (Policy, error) {
 	if err := checkName(name); err != nil {
-		panic("offload: Policy.With: " + err.Error())
+		return Policy{}, fmt.Errorf("offload: Policy.With: %v", err)
 	}
 	if int(a) >= len(actionNames) {
-		panic(fmt.Sprintf("offload: Policy.With(%q): invalid %v", name, a))
+		return Policy{}, fmt.Errorf("offload: Policy.With(%q): invalid %v: want device, offload or remat", name, a)
 	}
 	q := Policy{entries: append(make([]entry, 0, len(p.entries)+1), p.entries...)}
 	if i := q.index(name); i >= 0 {
@@ -170,7 +171,7 @@ func (p Policy) With(name string, a Action) Policy {
 	} else {
 		q.entries = append(q.entries, entry{name, a})
 	}
-	return q
+	return q, nil
 }
 
 // Names returns the names p lists, in order, Wildcard included.

@@ -70,7 +70,13 @@ func TestParsePolicyErrors(t *testing.T) {
 
 func TestPolicyWith(t *testing.T) {
 	p := MustParsePolicy("a=offload")
-	q := p.With("b", Remat).With("a", Device).With(Wildcard, Offload)
+	q := p
+	for _, e := range []entry{{"b", Remat}, {"a", Device}, {Wildcard, Offload}} {
+		var err error
+		if q, err = q.With(e.name, e.act); err != nil {
+			t.Fatalf("With(%q, %v): %v", e.name, e.act, err)
+		}
+	}
 	if got, want := q.String(), "a=device,b=remat,*=offload"; got != want {
 		t.Errorf("With: %q, want %q", got, want)
 	}
@@ -81,14 +87,9 @@ func TestPolicyWith(t *testing.T) {
 		t.Errorf("Default: %v, %v", q.Default(), p.Default())
 	}
 	for _, bad := range []string{"", "a,b", "x=y", "a b"} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("With(%q) did not panic", bad)
-				}
-			}()
-			p.With(bad, Remat)
-		}()
+		if _, err := p.With(bad, Remat); err == nil || !strings.Contains(err.Error(), "Policy.With") {
+			t.Errorf("With(%q): %v, want an error", bad, err)
+		}
 	}
 }
 
