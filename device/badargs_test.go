@@ -3,7 +3,6 @@ package device_test
 import (
 	"fmt"
 	"runtime"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -24,24 +23,8 @@ type badCase struct {
 func runBad(t *testing.T, cases []badCase) {
 	t.Helper()
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			err, p := callRecover(tc.call)
-			switch {
-			case p != nil:
-				t.Fatalf("panic: %v", p)
-			case err == nil:
-				t.Fatalf("no error, want one containing %q", tc.want)
-			case !strings.Contains(err.Error(), tc.want):
-				t.Fatalf("error %q, want one containing %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { dt.WantError(t, tc.call, tc.want) })
 	}
-}
-
-// callRecover returns fn's error, or what it panicked with.
-func callRecover(fn func() error) (err error, p any) {
-	defer func() { p = recover() }()
-	return fn(), nil
 }
 
 func second[T any](_ T, err error) error { return err }
@@ -372,7 +355,7 @@ func TestDimOutOfRange(t *testing.T) {
 	x := dt.Must(device.CPU().Alloc(device.F32, 2, 3))
 	got := map[int]int{}
 	for i := -4; i <= 5; i++ {
-		err, p := callRecover(func() error { got[i] = x.Dim(i); return nil })
+		err, p := dt.Recover(func() error { got[i] = x.Dim(i); return nil })
 		if err != nil || p != nil {
 			t.Fatalf("Dim(%d) of %v: panic %v", i, x, p)
 		}

@@ -137,25 +137,10 @@ func (g *Group) mark(s *device.Stream, what string, c int) {
 	}
 }
 
+// checkShape checks that x is live on s's device with dtype dt (Invalid: any) and shape
+// (a negative dimension: any size).
 func checkShape(s *device.Stream, x *device.Tensor, what string, dt device.DType, shape ...int) error {
-	if x == nil {
-		return fmt.Errorf("ep: %s is nil", what)
-	}
-	if err := x.Check(s, "ep: "+what); err != nil {
-		return err
-	}
-	ok := x.Rank() == len(shape) && (dt == device.Invalid || x.DType() == dt)
-	for i := 0; ok && i < len(shape); i++ {
-		ok = shape[i] < 0 || x.Dim(i) == shape[i]
-	}
-	if !ok {
-		want := ""
-		if dt != device.Invalid {
-			want = dt.String()
-		}
-		return fmt.Errorf("ep: %s is %v: want %s%v (-1: any)", what, x, want, shape)
-	}
-	return nil
+	return x.CheckShape(s, "ep: "+what, dt, shape...)
 }
 
 func checkFloat(x *device.Tensor, what string) error {

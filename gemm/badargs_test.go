@@ -2,7 +2,6 @@ package gemm_test
 
 import (
 	"math"
-	"regexp"
 	"testing"
 
 	"github.com/dropless/dropless/device"
@@ -18,33 +17,11 @@ type badCase struct {
 	arg  string
 }
 
-// names reports whether msg names arg as a word ("x" is in "x is nil" and in
-// "q.Row", not in "dx" or "max").
-func names(msg, arg string) bool {
-	return regexp.MustCompile(`(^|[^A-Za-z.])` + regexp.QuoteMeta(arg) + `([^A-Za-z]|$)`).MatchString(msg)
-}
-
 // runBad runs each case in a subtest of its own.
 func runBad(t *testing.T, cases []badCase) {
 	t.Helper()
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			var err error
-			func() {
-				defer func() {
-					if p := recover(); p != nil {
-						t.Fatalf("panic: %v", p)
-					}
-				}()
-				err = c.call()
-			}()
-			switch {
-			case err == nil:
-				t.Fatalf("no error, want one naming %s", c.arg)
-			case !names(err.Error(), c.arg):
-				t.Fatalf("error %q does not name %s", err, c.arg)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { dt.WantErrorNaming(t, c.call, c.arg) })
 	}
 }
 

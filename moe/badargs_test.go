@@ -2,7 +2,6 @@ package moe
 
 import (
 	"math"
-	"strings"
 	"testing"
 
 	"github.com/dropless/dropless/device"
@@ -113,12 +112,6 @@ func (f *argFixture) forwardWith(l *Layer, edit func(y, x **device.Tensor, p *Pa
 	return err
 }
 
-// catch calls fn and returns the value of its panic, or its error.
-func catch(fn func() error) (panicked any, err error) {
-	defer func() { panicked = recover() }()
-	return nil, fn()
-}
-
 type badArg struct {
 	name string
 	want string // in the error's text: the function and the argument
@@ -138,17 +131,7 @@ func TestBadArgs(t *testing.T) {
 		cases = append(cases, group...)
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			p, err := catch(tc.call)
-			switch {
-			case p != nil:
-				t.Fatalf("panic: %v", p)
-			case err == nil:
-				t.Fatalf("no error, want one about %q", tc.want)
-			case !strings.Contains(err.Error(), tc.want):
-				t.Fatalf("error %q, want one about %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { dt.WantError(t, tc.call, tc.want) })
 	}
 }
 
@@ -482,7 +465,7 @@ func TestFree(t *testing.T) {
 		{"nil_Activations", (*Activations)(nil).Free},
 	} {
 		for i := range 2 {
-			if pv, err := catch(tc.free); pv != nil || err != nil {
+			if err, pv := dt.Recover(tc.free); pv != nil || err != nil {
 				t.Errorf("%s: Free #%d: error %v, panic %v", tc.name, i+1, err, pv)
 			}
 		}

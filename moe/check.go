@@ -16,22 +16,12 @@ func checkStream(s *device.Stream, fn string) error {
 
 // checkTensor returns an error unless t is live on s's device with dtype dt and shape.
 func checkTensor(s *device.Stream, t *device.Tensor, what string, dt device.DType, shape ...int) error {
-	if err := t.Check(s, "moe: "+what); err != nil {
-		return err
-	}
-	if t.DType() != dt {
-		return fmt.Errorf("moe: %s is %v, want %v%v", what, t, dt, shape)
-	}
-	return checkShape(t, what, shape...)
+	return t.CheckShape(s, "moe: "+what, dt, shape...)
 }
 
+// checkShape returns an error unless t has the given shape, of any dtype.
 func checkShape(t *device.Tensor, what string, shape ...int) error {
-	got := t.Shape()
-	ok := len(got) == len(shape)
-	for i := 0; ok && i < len(got); i++ {
-		ok = got[i] == shape[i]
-	}
-	if !ok {
+	if !t.HasShape(device.Invalid, shape...) {
 		return fmt.Errorf("moe: %s is %v, want shape %v", what, t, shape)
 	}
 	return nil

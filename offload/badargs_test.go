@@ -1,7 +1,6 @@
 package offload_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -10,12 +9,6 @@ import (
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/offload"
 )
-
-// callRecover returns fn's error, or what it panicked with.
-func callRecover(fn func() error) (err error, p any) {
-	defer func() { p = recover() }()
-	return fn(), nil
-}
 
 func second[T any](_ T, err error) error { return err }
 
@@ -114,17 +107,7 @@ func TestBadArgs(t *testing.T) {
 		{"With bad name", func() error { return second(offload.Policy{}.With("a,b", offload.Remat)) }, `Policy.With: name "a,b" holds ','`},
 		{"With bad action", func() error { return second(offload.Policy{}.With("a", offload.Action(7))) }, `Policy.With("a"): invalid Action(7)`},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err, p := callRecover(tc.call)
-			switch {
-			case p != nil:
-				t.Fatalf("panic: %v", p)
-			case err == nil:
-				t.Fatalf("no error, want one containing %q", tc.want)
-			case !strings.Contains(err.Error(), tc.want):
-				t.Fatalf("error %q, want one containing %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { dt.WantError(t, tc.call, tc.want) })
 	}
 	// The refused Saves left the kept tensor and its handle alone.
 	x := dt.Must(o.Load(s, hk))
@@ -143,7 +126,7 @@ func TestNilAccessors(t *testing.T) {
 		Policy   string
 		Stats    offload.Stats
 	}
-	_, p := callRecover(func() error {
+	_, p := dt.Recover(func() error {
 		got.Device, got.D2H, got.H2D = o.Device() == nil, o.D2H() == nil, o.H2D() == nil
 		got.Policy, got.Stats = o.Policy().String(), o.Stats()
 		return nil

@@ -1,7 +1,6 @@
 package quant_test
 
 import (
-	"regexp"
 	"testing"
 
 	"github.com/dropless/dropless/device"
@@ -127,21 +126,7 @@ func TestBadArgs(t *testing.T) {
 			badCase{"QuantizeInto/" + b.name, into(q, x, b.opt), b.arg})
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			var err error
-			func() {
-				defer func() {
-					if p := recover(); p != nil {
-						t.Fatalf("panic: %v", p)
-					}
-				}()
-				err = c.call()
-			}()
-			word := regexp.MustCompile(`(^|[^A-Za-z.])` + regexp.QuoteMeta(c.arg) + `([^A-Za-z]|$)`)
-			if err == nil || !word.MatchString(err.Error()) {
-				t.Fatalf("error %v, want one naming %s", err, c.arg)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { dt.WantErrorNaming(t, c.call, c.arg) })
 	}
 
 	var none *quant.MXFP8
