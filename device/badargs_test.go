@@ -355,7 +355,7 @@ func TestDimOutOfRange(t *testing.T) {
 	x := dt.Must(device.CPU().Alloc(device.F32, 2, 3))
 	got := map[int]int{}
 	for i := -4; i <= 5; i++ {
-		err, p := dt.Recover(func() error { got[i] = x.Dim(i); return nil })
+		p, err := dt.Recover(func() error { got[i] = x.Dim(i); return nil })
 		if err != nil || p != nil {
 			t.Fatalf("Dim(%d) of %v: panic %v", i, x, p)
 		}

@@ -465,7 +465,7 @@ func TestFree(t *testing.T) {
 		{"nil_Activations", (*Activations)(nil).Free},
 	} {
 		for i := range 2 {
-			if err, pv := dt.Recover(tc.free); pv != nil || err != nil {
+			if pv, err := dt.Recover(tc.free); pv != nil || err != nil {
 				t.Errorf("%s: Free #%d: error %v, panic %v", tc.name, i+1, err, pv)
 			}
 		}

@@ -126,7 +126,7 @@ func TestNilAccessors(t *testing.T) {
 		Policy   string
 		Stats    offload.Stats
 	}
-	_, p := dt.Recover(func() error {
+	p, _ := dt.Recover(func() error {
 		got.Device, got.D2H, got.H2D = o.Device() == nil, o.D2H() == nil, o.H2D() == nil
 		got.Policy, got.Stats = o.Policy().String(), o.Stats()
 		return nil

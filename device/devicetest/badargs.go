@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// Recover calls fn and returns its error, or the value it panicked with.
-func Recover(fn func() error) (err error, panicked any) {
+// Recover calls fn and returns the value it panicked with, or its error.
+func Recover(fn func() error) (panicked any, err error) {
 	defer func() { panicked = recover() }()
-	return fn(), nil
+	return nil, fn()
 }
 
 // ErrOf returns the error of a call's two results, so that a call returning a value and
@@ -20,7 +20,7 @@ func ErrOf[T any](_ T, err error) error { return err }
 // every piece of want: the check of a bad-argument table's row.
 func WantError(t testing.TB, fn func() error, want ...string) {
 	t.Helper()
-	err, p := Recover(fn)
+	p, err := Recover(fn)
 	switch {
 	case p != nil:
 		t.Fatalf("panic: %v", p)
@@ -38,7 +38,7 @@ func WantError(t testing.TB, fn func() error, want ...string) {
 // as a word: "x" is named in "x is nil" and in "q.Row" but not in "dx" or "max".
 func WantErrorNaming(t testing.TB, fn func() error, arg string) {
 	t.Helper()
-	err, p := Recover(fn)
+	p, err := Recover(fn)
 	word := regexp.MustCompile(`(^|[^A-Za-z.])` + regexp.QuoteMeta(arg) + `([^A-Za-z]|$)`)
 	switch {
 	case p != nil:
