@@ -7,6 +7,7 @@ import (
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/gemm"
 	"github.com/dropless/dropless/internal/baseline"
+	"github.com/dropless/dropless/quant"
 )
 
 // randomFill fills t with N(0, scale²) values: a random block uploaded once and copied
@@ -71,6 +72,13 @@ func benchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 		}
 		return gemm.RaggedDotWeightGrad(s, out, x, other, sizes, nil)
 	}
+	timeCalls(b, s, 2*float64(M)*float64(K)*float64(N), call)
+}
+
+// timeCalls times call on s between two events after two warm-up calls (compile, load)
+// and reports flops per call as TFLOP/s.
+func timeCalls(b *testing.B, s *device.Stream, flops float64, call func() error) {
+	d := s.Device()
 	for range 2 { // compile, load, warm up
 		dt.NoErr(b, call())
 	}
@@ -90,7 +98,81 @@ func benchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	dt.NoErr(b, stop.Synchronize())
 	b.StopTimer()
 	el := dt.Must(stop.Since(start))
-	flops := 2 * float64(M) * float64(K) * float64(N) * float64(b.N)
-	b.ReportMetric(flops/el.Seconds()/1e12, "TFLOP/s")
+	b.ReportMetric(flops*float64(b.N)/el.Seconds()/1e12, "TFLOP/s")
 	dt.NoErr(b, gemm.CheckStatus(s))
+}
+
+// BenchmarkRaggedDotBlockwise times the blockwise FP8 forward (E4M3 operands, bf16
+// output) on the baseline cases (one small case on the CPU), reporting TFLOP/s =
+// 2·M·K·N / time, the bf16 product's count. The FP8 operands are made once, outside the
+// timed loop: random E4M3 codes and constant scales (the kernels' speed does not depend
+// on the values).
+func BenchmarkRaggedDotBlockwise(b *testing.B) { blockBenchmark(b, fwd) }
+
+// BenchmarkRaggedDotBlockwiseInputGrad times the blockwise FP8 input gradient likewise.
+func BenchmarkRaggedDotBlockwiseInputGrad(b *testing.B) { blockBenchmark(b, dgrad) }
+
+// BenchmarkRaggedDotBlockwiseWeightGrad times the blockwise FP8 weight gradient likewise.
+func BenchmarkRaggedDotBlockwiseWeightGrad(b *testing.B) { blockBenchmark(b, wgrad) }
+
+func blockBenchmark(b *testing.B, f form) {
+	for _, d := range dt.Devices(b) {
+		cases := baseline.Cases()
+		if !d.IsCUDA() {
+			cases = []baseline.Case{baseline.CPUCase()}
+		}
+		for _, bc := range cases {
+			b.Run(d.String()+"/"+bc.Name, func(b *testing.B) { blockBenchCall(b, d, f, bc) })
+		}
+	}
+}
+
+func blockBenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
+	s := d.Stream()
+	G, M, K, N := bc.G, bc.M, bc.K, bc.N
+	ts := device.NewTemps(s)
+	defer ts.Free()
+	codes := func(shape ...int) *device.Tensor {
+		t := ts.Alloc(device.E4M3, shape...)
+		dt.NoErr(b, ts.Err())
+		randomFill(b, s, t, uint64(len(shape)*1000+shape[0]), 64)
+		return t
+	}
+	scales := func(shape ...int) *device.Tensor {
+		t := ts.Alloc(device.F32, shape...)
+		dt.NoErr(b, ts.Err())
+		dt.NoErr(b, device.Fill(s, t, 1.0/64))
+		return t
+	}
+	rows := func(m, k int) *quant.Blockwise {
+		return &quant.Blockwise{M: m, K: k, Format: quant.E4M3, Dir: quant.Rowwise,
+			Row: codes(m, k), RowScale: scales(ceil(k, blk), 4*ceil(m, 4))}
+	}
+	cols := func(m, k int) *quant.Blockwise {
+		mp := colTokens(m, G)
+		return &quant.Blockwise{M: m, K: k, Format: quant.E4M3, Dir: quant.Columnwise, Groups: G,
+			ColT: codes(k, mp), ColTScale: scales(mp/blk, k)}
+	}
+	w := &quant.BlockwiseWeights{G: G, K: K, N: N, Format: quant.E4M3}
+	if f != wgrad {
+		w.Scales = scales(G, ceil(K, blk), ceil(N, blk))
+	}
+	sizes := dt.Must(device.FromSlice(s, device.I32, bc.Sizes(), G))
+	ts.Add(sizes)
+	var call func() error
+	switch f {
+	case fwd:
+		x, y := rows(M, K), ts.Alloc(device.BF16, M, N)
+		w.KMajor = codes(G, N, K)
+		call = func() error { return gemm.RaggedDotBlockwise(s, y, x, w, sizes, nil) }
+	case dgrad:
+		dy, dx := rows(M, N), ts.Alloc(device.BF16, M, K)
+		w.NMajor = codes(G, K, N)
+		call = func() error { return gemm.RaggedDotBlockwiseInputGrad(s, dx, dy, w, sizes, nil) }
+	default:
+		x, dy, dw := cols(M, K), cols(M, N), ts.Alloc(device.BF16, G, K, N)
+		call = func() error { return gemm.RaggedDotBlockwiseWeightGrad(s, dw, x, dy, sizes, nil) }
+	}
+	dt.NoErr(b, ts.Err())
+	timeCalls(b, s, 2*float64(M)*float64(K)*float64(N), call)
 }

@@ -26,7 +26,7 @@ func (c *call) cpu(s *device.Stream) error {
 			}
 			// Replayed from a captured graph: nobody receives the error, record it.
 			if se, ok := err.(*sizesError); ok {
-				record(c.status, c.f, se.code, se.g, se.value, int64(c.M))
+				record(c.status, c.name(), se.code, se.g, se.value, int64(c.M))
 			}
 		}
 	})
@@ -54,12 +54,12 @@ func (c *call) offsets() ([]int, error) {
 	off := make([]int, len(sz)+1)
 	for g, v := range sz {
 		if v < 0 {
-			return nil, &sizesError{op: c.f, code: statusNegative, g: int64(g), value: int64(v), m: c.M}
+			return nil, &sizesError{op: c.name(), code: statusNegative, g: int64(g), value: int64(v), m: c.M}
 		}
 		off[g+1] = off[g] + int(v)
 	}
 	if off[len(sz)] > c.M {
-		return nil, &sizesError{op: c.f, code: statusOverflow, g: int64(len(sz)), value: int64(off[len(sz)]), m: c.M}
+		return nil, &sizesError{op: c.name(), code: statusOverflow, g: int64(len(sz)), value: int64(off[len(sz)]), m: c.M}
 	}
 	return off, nil
 }
@@ -93,7 +93,7 @@ func (c *call) cpuRun() error {
 		return err
 	}
 	impl := blas32.Implementation()
-	a, b := f32s(c.a), f32s(c.b)
+	a, b := c.operands(off)
 	M, K, N, G := c.M, c.K, c.N, c.G
 	switch c.f {
 	case forward, inputGrad:
@@ -166,6 +166,15 @@ func (c *call) cpuRun() error {
 		return fmt.Errorf("gemm: unknown form %d", c.f)
 	}
 	return nil
+}
+
+// operands returns the f32 operands A and B of the call: those dequant gives, else a and
+// b as float32.
+func (c *call) operands(off []int) (a, b []float32) {
+	if c.dequant != nil {
+		return c.dequant(off)
+	}
+	return f32s(c.a), f32s(c.b)
 }
 
 // f32sRange returns elements [lo, hi) of t as float32.

@@ -73,4 +73,33 @@
 //
 // On the CPU each group is one gonum Sgemm on f32 copies of the operands, groups in
 // parallel. It is the reference the GPU path is tested against.
+//
+// # Blockwise FP8
+//
+// RaggedDotBlockwise, RaggedDotBlockwiseInputGrad and RaggedDotBlockwiseWeightGrad are
+// the three forms on FP8 operands quantized by package quant in DeepSeek-V3's blockwise
+// recipe: activations and gradients in 1×128 blocks along the contracted dimension
+// (quant.Blockwise: Row for the forward's x and the input gradient's dy, ColT, whose
+// 128-token blocks restart at each group, for the weight gradient's x and dy), weights in
+// 128×128 blocks (quant.BlockwiseWeights, KMajor for the forward, NMajor for the input
+// gradient, one set of scales). Elements are E4M3 or E5M2, each operand its own; each
+// block's partial sum is scaled by its two blocks' f32 scales and summed in f32. Outputs,
+// sizes, Status records (which name the blockwise form), graphs and determinism are as for
+// the bf16 forms.
+//
+// On the CPU the operands are dequantized exactly as package quant documents (decode(q)·s,
+// one f32 product) and the f32 CPU path runs on them: the reference of the GPU. On the H100
+// and H200 (sm_90 with NVRTC that targets sm_90a), for K and N multiples of 16, 1 to 1024
+// groups and 16-byte aligned tensors, the kernels of gemm/internal/hopper run: persistent
+// and warp-specialized like the bf16 ones, one producer warp loading 128×128 FP8 tiles of
+// both operands (K-major, 128-byte swizzle) and their scales by TMA into a 6-stage ring,
+// one 128-deep scale block per stage, and two consumer warpgroups running wgmma
+// m64n128k32 on 64 rows each into a partial accumulator that they promote, after each
+// stage, into an f32 total with the blocks' scales (as DeepSeek-V3 does: Hopper's FP8
+// tensor cores keep fewer bits than f32 over long sums). The forward and input gradient
+// deal the groups' 128-row tiles as the bf16 forward does and zero the rows past the
+// groups first; the weight gradient contracts over each group's token blocks. Elsewhere
+// (other GPUs, other shapes, DROPLESS_GEMM_KERNEL=mma) a portable path dequantizes the
+// operands into bf16 temporaries and runs the bf16 form on them: correct everywhere, but
+// slow, and it needs the memory of the bf16 operands.
 package gemm

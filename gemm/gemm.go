@@ -42,6 +42,10 @@ const (
 	forward    form = 1 // RaggedDot
 	inputGrad  form = 2 // RaggedDotInputGrad
 	weightGrad form = 3 // RaggedDotWeightGrad
+
+	blockForward    form = 4 // RaggedDotBlockwise
+	blockInputGrad  form = 5 // RaggedDotBlockwiseInputGrad
+	blockWeightGrad form = 6 // RaggedDotBlockwiseWeightGrad
 )
 
 func (f form) String() string {
@@ -52,8 +56,23 @@ func (f form) String() string {
 		return "RaggedDotInputGrad"
 	case weightGrad:
 		return "RaggedDotWeightGrad"
+	case blockForward:
+		return "RaggedDotBlockwise"
+	case blockInputGrad:
+		return "RaggedDotBlockwiseInputGrad"
+	case blockWeightGrad:
+		return "RaggedDotBlockwiseWeightGrad"
 	}
 	return "gemm"
+}
+
+// weightGradForm returns the weight-gradient form of f's family: the one that
+// Options.Accumulate applies to.
+func (f form) weightGradForm() form {
+	if f >= blockForward {
+		return blockWeightGrad
+	}
+	return weightGrad
 }
 
 // call is one checked call: the GEMM C = A·B of the form, in the terms of the kernels.
@@ -66,6 +85,20 @@ type call struct {
 	out, a, b, sizes *device.Tensor
 	// M: rows of x (and of y, dx, dy); K, N: the weight matrix's dimensions; G: groups.
 	M, K, N, G int
+
+	// op, if not 0, is the form that errors and status records name: a blockwise FP8
+	// call that runs as the form f on operands it dequantized. dequant, if not nil, gives
+	// the CPU path's f32 operands A and B (from the group row offsets) in place of a and b.
+	op      form
+	dequant func(off []int) (a, b []float32)
+}
+
+// name returns the form that the call's errors and status records name.
+func (c *call) name() form {
+	if c.op != 0 {
+		return c.op
+	}
+	return c.f
 }
 
 // RaggedDot computes y[M,N] = x[M,K]·w[g] for the rows of each group g: rows are sorted
@@ -130,18 +163,9 @@ func (c *call) run(s *device.Stream) error {
 // forward: out=y[M,N], a=x[M,K], b=w; inputGrad: out=dx[M,K], a=dy[M,N], b=w;
 // weightGrad: out=dw, a=x[M,K], b=dy[M,N].
 func check(f form, s *device.Stream, out, a, b, sizes *device.Tensor, opt *Options) (*call, error) {
-	if s == nil {
-		return nil, fmt.Errorf("gemm: %v: nil stream", f)
-	}
-	var o Options
-	if opt != nil {
-		o = *opt
-	}
-	if o.Layout != KN && o.Layout != NK {
-		return nil, fmt.Errorf("gemm: %v: opt.Layout is %v: want KN or NK", f, o.Layout)
-	}
-	if o.Accumulate && f != weightGrad {
-		return nil, fmt.Errorf("gemm: %v: opt.Accumulate applies to RaggedDotWeightGrad only", f)
+	o, err := checkOptions(f, s, opt)
+	if err != nil {
+		return nil, err
 	}
 	names := map[form][3]string{
 		forward:    {"y", "x", "w"},
@@ -247,6 +271,25 @@ func check(f form, s *device.Stream, out, a, b, sizes *device.Tensor, opt *Optio
 		}
 	}
 	return c, nil
+}
+
+// checkOptions validates the stream and the options of a call of form f (all but
+// opt.Status) and returns the options.
+func checkOptions(f form, s *device.Stream, opt *Options) (Options, error) {
+	var o Options
+	if s == nil {
+		return o, fmt.Errorf("gemm: %v: nil stream", f)
+	}
+	if opt != nil {
+		o = *opt
+	}
+	if o.Layout != KN && o.Layout != NK {
+		return o, fmt.Errorf("gemm: %v: opt.Layout is %v: want KN or NK", f, o.Layout)
+	}
+	if wg := f.weightGradForm(); o.Accumulate && f != wg {
+		return o, fmt.Errorf("gemm: %v: opt.Accumulate applies to %v only", f, wg)
+	}
+	return o, nil
 }
 
 // wshape returns the shape of G weight matrices K×N stored in layout l.

@@ -76,6 +76,31 @@ type gemmArgs struct {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
+// plan enqueues the plan kernel on s, which checks the sizes into the call's status and
+// writes the plan (see kernels/gemm.cu; tile prefixes of bm-row tiles, nt column tiles
+// each, when bm > 0) into the returned workspace: the plan's words, then one element of
+// scratch for the Hopper kernels. The caller frees it.
+func (c *call) plan(s *device.Stream, bm, nt int) (*device.Tensor, error) {
+	plan, err := s.Device().Kernel(program, "dl_gemm_plan")
+	if err != nil {
+		return nil, err
+	}
+	ws, err := s.Alloc(device.I32, planOff+2+2*(c.G+1)+1)
+	if err != nil {
+		return nil, fmt.Errorf("gemm: %v: workspace: %w", c.name(), err)
+	}
+	planThreads := 256
+	if c.G > 256 {
+		planThreads = 1024
+	}
+	if err := plan.Launch(s, device.D1(1), device.D1(planThreads), 0,
+		c.sizes, int32(c.G), int64(c.M), int32(bm), int32(nt), ws, c.status, int32(c.name())); err != nil {
+		ws.Free()
+		return nil, fmt.Errorf("gemm: %v: %w", c.name(), err)
+	}
+	return ws, nil
+}
+
 // gpu enqueues the call on s: the plan kernel, then the GEMM kernel.
 func (c *call) gpu(s *device.Stream) error {
 	d := s.Device()
@@ -179,30 +204,17 @@ func (c *call) gpu(s *device.Stream) error {
 		return fmt.Errorf("gemm: %v: M=%d, K=%d, N=%d, G=%d make %d tiles: at most 2^30", c.f, M, K, N, G, bound)
 	}
 
-	plan, err := d.Kernel(program, "dl_gemm_plan")
+	planBM, planNT := 0, 0
+	if !raggedK {
+		planBM, planNT = bm, int(p.TilesN)
+	}
+	ws, err := c.plan(s, planBM, planNT)
 	if err != nil {
 		return err
 	}
-	// The plan's words, then one element of scratch for the Hopper kernels.
-	wsPlan := planOff + 2 + 2*(G+1)
-	ws, err := s.Alloc(device.I32, wsPlan+1)
-	if err != nil {
-		return fmt.Errorf("gemm: %v: workspace: %w", c.f, err)
-	}
 	defer ws.Free()
 	p.Plan = ws
-	planBM, planNT := int32(0), int32(0)
-	if !raggedK {
-		planBM, planNT = int32(bm), int32(p.TilesN)
-	}
-	planThreads := 256
-	if G > 256 {
-		planThreads = 1024
-	}
-	if err := plan.Launch(s, device.D1(1), device.D1(planThreads), 0,
-		c.sizes, int32(G), int64(M), planBM, planNT, ws, c.status, int32(c.f)); err != nil {
-		return fmt.Errorf("gemm: %v: %w", c.f, err)
-	}
+	wsPlan := planOff + 2 + 2*(G+1)
 	if bound == 0 || c.out.Len() == 0 {
 		return nil // nothing to write; the plan still checked the sizes
 	}

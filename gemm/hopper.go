@@ -47,7 +47,7 @@ func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, c.status, int(c.f), counter, c.layout == KN)
+		return hopper.GroupedGEMM(s, y, x, c.b, c.sizes, c.status, int(c.name()), counter, c.layout == KN)
 	case inputGrad: // dx[M,K] = dy[M,N]·w_gᵀ: K-major B when w is [G,K,N]
 		dy, err := x2(c.a, c.M, c.N)
 		if err != nil {
@@ -57,7 +57,7 @@ func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, c.status, int(c.f), counter, c.layout == NK)
+		return hopper.GroupedGEMM(s, dx, dy, c.b, c.sizes, c.status, int(c.name()), counter, c.layout == NK)
 	default: // dw_g = x_gᵀ·dy_g ([G,K,N]) or dy_gᵀ·x_g ([G,N,K])
 		x, err := x2(c.a, c.M, c.K)
 		if err != nil {
@@ -70,6 +70,6 @@ func (c *call) hopper(s *device.Stream, counter *device.Tensor) error {
 		if c.layout == NK {
 			x, dy = dy, x
 		}
-		return hopper.WeightGrad(s, c.out, x, dy, c.sizes, c.status, int(c.f), c.accum)
+		return hopper.WeightGrad(s, c.out, x, dy, c.sizes, c.status, int(c.name()), c.accum)
 	}
 }

@@ -78,4 +78,63 @@
 // multiple of 32 and a 16-byte aligned source take that path; others take a general
 // kernel. Grouped quantization adds a one-block kernel that turns the group sizes into
 // tile descriptors; nothing waits for the host.
+//
+// # Blockwise FP8
+//
+// QuantizeBlockwise and QuantizeWeights make the operands of DeepSeek-V3's recipe, which
+// Hopper's FP8 GEMMs use (they apply the scales themselves): activations and gradients
+// x [M, K] in 1×128 blocks along K, expert weights in 128×128 blocks, one float32 scale
+// per block, E4M3 or E5M2 elements.
+//
+// A block's scale s follows from its largest magnitude amax (NaN left out; values outside
+// the tensor count as 0), in float32 with IEEE divisions rounded to nearest even:
+//
+//   - ScaleF32 (the default): s = amax/Max.
+//   - ScalePow2 (UE8M0, as DeepSeek-V3.1 and DeepGEMM): s is the smallest power of two
+//     ≥ amax/Max (its bits with the mantissa cleared, the exponent raised by one when the
+//     mantissa was not zero), clamped to [2^-126, 2^127].
+//
+// An all-zero block has s = 1, as has under ScaleF32 a block whose amax/Max underflows
+// to 0 (amax ≤ Max·2^-150); an infinite amax gives s = +Inf. An element is
+// encode(v/s): the float32 quotient, rounded to nearest even and saturated to ±Max, NaN
+// to the NaN code 0x7F, the sign of −0 kept. Dequantizing gives decode(q)·s, one float32
+// product, NaN as the quiet NaN. In a block of scale +Inf finite values become zeros and
+// ±Inf the NaN code, and every element dequantizes to NaN: NaN and Inf stay within their
+// block.
+//
+// A Blockwise holds, as BlockOptions.Dir says:
+//
+//   - Row, Format [M, K], blocks along each row (the last one of a row may be short), and
+//     RowScale, F32 [ceil(K/128), roundup(M, 4)], the scale of row m, block b at (b, m):
+//     the 128 scales of a tile of rows are contiguous. Padding entries are 0.
+//   - ColT, Format [K, Mp], the transposed form that the weight gradient (contracting
+//     over rows) reads: ColT[k][p] is x[row(p)][k] quantized in blocks of 128 along p,
+//     and ColTScale, F32 [Mp/128, K], the scale of column k, block t at (t, k). Without
+//     groups row(p) = p and Mp = roundup(M, 128).
+//
+// With BlockOptions.GroupSizes (G groups of sizes M_g, read on the device) the blocks of
+// ColT restart at each group: group g's rows start at column 128·P_g,
+// P_g = Σ_{h<g} ceil(M_h/128), so that ColT of a group is the Row of the group's rows
+// transposed, and Mp = 128·(floor(M/128) + min(G, M)), a bound that does not depend on
+// the sizes. Padding columns and the scales of padding blocks are 0. Row does not depend
+// on the groups. Invalid sizes (a negative one, or a sum other than M) are recorded in
+// BlockOptions.Status or the Blockwise's own Status ("quant: QuantizeBlockwise: sizes
+// sum to 70 > M=64"); Row is then as always and ColT holds the ungrouped blocks.
+//
+// BlockwiseWeights, from w [G, K, N] (or [G, N, K], PyTorch's Linear layout, with
+// BlockOptions.NK), hold both orientations of the GEMMs' operands from one read of w:
+// KMajor, Format [G, N, K] (the forward, y = x·w_g), and NMajor, Format [G, K, N] (the
+// input gradient, dx = dy·w_gᵀ), sharing Scales, F32 [G, ceil(K/128), ceil(N/128)]. K and
+// N must be multiples of 16, so that FP8 rows are whole 16-byte units.
+//
+// On a GPU one kernel reads the source once for all outputs: a block of 256 threads loads
+// a 128×128 tile with 16-byte loads (K a multiple of 8 and a 16-byte aligned source;
+// others load element by element), reduces rowwise blocks with warp shuffles and
+// columnwise (or whole weight) blocks through shared memory, stores row-major elements 8
+// bytes per thread and transposed ones through a swizzled shared tile, 16 bytes per
+// thread in whole 128-byte rows. Quotients by power-of-two scales are exact products;
+// those by float32 scales are a reciprocal refined twice with fused multiply-adds, the
+// correctly rounded quotient where it matters for the codes. Grouped quantization adds a
+// one-block kernel that turns the sizes into token-block descriptors on the device;
+// nothing waits for the host.
 package quant

@@ -19,6 +19,9 @@ func init() { device.RegisterStatus(statusDomain, statusError) }
 
 // statusError returns the error of a record of group-size validation.
 func statusError(op, code int, v [3]int64) error {
+	if err := blockwiseStatusError(op, code, v); err != nil {
+		return err
+	}
 	switch code {
 	case statusNegative:
 		return errors.New("quant: invalid GroupSizes: a size is negative; the outputs were set to NaN")

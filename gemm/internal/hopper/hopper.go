@@ -198,11 +198,5 @@ func WeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, st *device.St
 // tensorMap encodes a tiled bf16 tensor map with d's context current on the calling
 // thread, which the driver requires.
 func tensorMap(d *device.Device, addr cuda.DevicePtr, dims, strides []uint64, box []uint32, swizzle int) ([]byte, error) {
-	var m []byte
-	err := d.Do(func() error {
-		var err error
-		m, err = cuda.TensorMapEncodeTiled(cuda.TensorMapBFloat16, addr, dims, strides, box, swizzle)
-		return err
-	})
-	return m, err
+	return tensorMapOf(d, cuda.TensorMapBFloat16, addr, dims, strides, box, swizzle)
 }

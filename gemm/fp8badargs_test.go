@@ -1,0 +1,147 @@
+package gemm_test
+
+import (
+	"testing"
+
+	"github.com/dropless/dropless/device"
+	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/quant"
+)
+
+// blockArgs are valid arguments of the blockwise forms on one device: M=10 rows in two
+// groups, K=32, N=48.
+type blockArgs struct {
+	s         *device.Stream
+	sizes     *device.Tensor
+	x, dy     *quant.Blockwise
+	w         *quant.BlockwiseWeights
+	y, dx, dw *device.Tensor
+}
+
+func newBlockArgs(s *device.Stream) *blockArgs {
+	r := dt.Rand(1)
+	sz := []int32{4, 6}
+	return &blockArgs{s: s,
+		sizes: dt.Must(device.FromSlice(s, device.I32, sz, 2)),
+		x:     quantize(e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, sz).upload(s),
+		dy:    quantize(e5m2Pow2, dt.Normal(r, 10*48, 1), 10, 48, sz).upload(s),
+		w:     quantizeWeights(e4m3F32, dt.Normal(r, 2*32*48, 1), 2, 32, 48).upload(s),
+		y:     dt.Must(s.Alloc(device.F32, 10, 48)),
+		dx:    dt.Must(s.Alloc(device.BF16, 10, 32)),
+		dw:    dt.Must(s.Alloc(device.F32, 2, 32, 48)),
+	}
+}
+
+// with returns a copy of q edited by edit.
+func with(q *quant.Blockwise, edit func(q *quant.Blockwise)) *quant.Blockwise {
+	c := *q
+	edit(&c)
+	return &c
+}
+
+func withW(w *quant.BlockwiseWeights, edit func(w *quant.BlockwiseWeights)) *quant.BlockwiseWeights {
+	c := *w
+	edit(&c)
+	return &c
+}
+
+// TestBlockwiseBadArgs feeds the blockwise forms nil, freed, wrong-shape, wrong-dtype and
+// inconsistent arguments on the CPU: each returns an error naming the argument.
+func TestBlockwiseBadArgs(t *testing.T) {
+	s := device.CPU().Stream()
+	v := newBlockArgs(s)
+	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
+	freed := func(typ device.DType, shape ...int) *device.Tensor {
+		f := al(typ, shape...)
+		dt.NoErr(t, f.Free())
+		return f
+	}
+	freedStatus := dt.Must(device.NewStatus(s))
+	dt.NoErr(t, freedStatus.Free())
+	r := dt.Rand(2)
+	x16 := quantize(e4m3F32, dt.Normal(r, 10*16, 1), 10, 16, []int32{4, 6}).upload(s)    // K=16
+	dy3 := quantize(e4m3F32, dt.Normal(r, 10*48, 1), 10, 48, []int32{3, 3, 4}).upload(s) // 3 groups
+	x3 := quantize(e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, []int32{3, 3, 4}).upload(s)  // 3 groups
+	dy12 := quantize(e4m3F32, dt.Normal(r, 12*48, 1), 12, 48, []int32{4, 6}).upload(s)   // M=12
+	w3 := quantizeWeights(e4m3F32, dt.Normal(r, 3*32*48, 1), 3, 32, 48).upload(s)        // 3 groups
+	fwd := func(s *device.Stream, y *device.Tensor, x *quant.Blockwise, w *quant.BlockwiseWeights, sz *device.Tensor, opt *gemm.Options) func() error {
+		return func() error { return gemm.RaggedDotBlockwise(s, y, x, w, sz, opt) }
+	}
+	dgrad := func(dx *device.Tensor, dy *quant.Blockwise, w *quant.BlockwiseWeights, sz *device.Tensor, opt *gemm.Options) func() error {
+		return func() error { return gemm.RaggedDotBlockwiseInputGrad(s, dx, dy, w, sz, opt) }
+	}
+	wgrad := func(dw *device.Tensor, x, dy *quant.Blockwise, sz *device.Tensor, opt *gemm.Options) func() error {
+		return func() error { return gemm.RaggedDotBlockwiseWeightGrad(s, dw, x, dy, sz, opt) }
+	}
+	for _, call := range []func() error{fwd(s, v.y, v.x, v.w, v.sizes, nil), dgrad(v.dx, v.dy, v.w, v.sizes, nil), wgrad(v.dw, v.x, v.dy, v.sizes, nil)} {
+		dt.NoErr(t, call())
+	}
+	cases := []struct {
+		name string
+		call func() error
+		arg  string
+	}{
+		{"fwd/nil stream", fwd(nil, v.y, v.x, v.w, v.sizes, nil), "stream"},
+		{"fwd/nil y", fwd(s, nil, v.x, v.w, v.sizes, nil), "y"},
+		{"fwd/freed y", fwd(s, freed(device.F32, 10, 48), v.x, v.w, v.sizes, nil), "y"},
+		{"fwd/y f16", fwd(s, al(device.F16, 10, 48), v.x, v.w, v.sizes, nil), "y"},
+		{"fwd/y shape", fwd(s, al(device.F32, 10, 47), v.x, v.w, v.sizes, nil), "y"},
+		{"fwd/nil x", fwd(s, v.y, nil, v.w, v.sizes, nil), "x"},
+		{"fwd/x without Row", fwd(s, v.y, with(v.x, func(q *quant.Blockwise) { q.Row = nil }), v.w, v.sizes, nil), "x.Row"},
+		{"fwd/freed x.Row", fwd(s, v.y, with(v.x, func(q *quant.Blockwise) { q.Row = freed(device.E4M3, 10, 32) }), v.w, v.sizes, nil), "x.Row"},
+		{"fwd/x.Row of another format", fwd(s, v.y, with(v.x, func(q *quant.Blockwise) { q.Format = quant.E5M2 }), v.w, v.sizes, nil), "x.Row"},
+		{"fwd/x.RowScale shape", fwd(s, v.y, with(v.x, func(q *quant.Blockwise) { q.RowScale = al(device.F32, 1, 10) }), v.w, v.sizes, nil), "x.RowScale"},
+		{"fwd/x.Format", fwd(s, v.y, with(v.x, func(q *quant.Blockwise) { q.Format = 7 }), v.w, v.sizes, nil), "x.Format"},
+		{"fwd/x and w of different K", fwd(s, v.y, x16, v.w, v.sizes, nil), "x"},
+		{"fwd/nil w", fwd(s, v.y, v.x, nil, v.sizes, nil), "w"},
+		{"fwd/w without KMajor", fwd(s, v.y, v.x, withW(v.w, func(w *quant.BlockwiseWeights) { w.KMajor = nil }), v.sizes, nil), "w.KMajor"},
+		{"fwd/w.Scales shape", fwd(s, v.y, v.x, withW(v.w, func(w *quant.BlockwiseWeights) { w.Scales = al(device.F32, 2, 1, 2) }), v.sizes, nil), "w.Scales"},
+		{"fwd/w.KMajor dtype", fwd(s, v.y, v.x, withW(v.w, func(w *quant.BlockwiseWeights) { w.KMajor = al(device.BF16, 2, 48, 32) }), v.sizes, nil), "w.KMajor"},
+		{"fwd/w of other G", fwd(s, v.y, v.x, w3, v.sizes, nil), "w"},
+		{"fwd/nil sizes", fwd(s, v.y, v.x, v.w, nil, nil), "sizes"},
+		{"fwd/sizes i64", fwd(s, v.y, v.x, v.w, al(device.I64, 2), nil), "sizes"},
+		{"fwd/sizes rank", fwd(s, v.y, v.x, v.w, al(device.I32, 2, 1), nil), "sizes"},
+		{"fwd/layout", fwd(s, v.y, v.x, v.w, v.sizes, &gemm.Options{Layout: 7}), "opt.Layout"},
+		{"fwd/accumulate", fwd(s, v.y, v.x, v.w, v.sizes, &gemm.Options{Accumulate: true}), "opt.Accumulate"},
+		{"fwd/status not from NewStatus", fwd(s, v.y, v.x, v.w, v.sizes, &gemm.Options{Status: &device.Status{}}), "opt.Status"},
+		{"fwd/freed status", fwd(s, v.y, v.x, v.w, v.sizes, &gemm.Options{Status: freedStatus}), "opt.Status"},
+		{"dgrad/dy without Row", dgrad(v.dx, with(v.dy, func(q *quant.Blockwise) { q.RowScale = nil }), v.w, v.sizes, nil), "dy.Row"},
+		{"dgrad/w without NMajor", dgrad(v.dx, v.dy, withW(v.w, func(w *quant.BlockwiseWeights) { w.NMajor = nil }), v.sizes, nil), "w.NMajor"},
+		{"dgrad/dy of K columns", dgrad(v.dx, v.x, v.w, v.sizes, nil), "dy"},
+		{"dgrad/dx shape", dgrad(al(device.F32, 10, 48), v.dy, v.w, v.sizes, nil), "dx"},
+		{"dgrad/accumulate", dgrad(v.dx, v.dy, v.w, v.sizes, &gemm.Options{Accumulate: true}), "opt.Accumulate"},
+		{"wgrad/nil dw", wgrad(nil, v.x, v.dy, v.sizes, nil), "dw"},
+		{"wgrad/dw shape", wgrad(al(device.F32, 2, 48, 32), v.x, v.dy, v.sizes, nil), "dw"},
+		{"wgrad/dw NK shape", wgrad(v.dw, v.x, v.dy, v.sizes, &gemm.Options{Layout: gemm.NK}), "dw"},
+		{"wgrad/dw i32", wgrad(al(device.I32, 2, 32, 48), v.x, v.dy, v.sizes, nil), "dw"},
+		{"wgrad/nil x", wgrad(v.dw, nil, v.dy, v.sizes, nil), "x"},
+		{"wgrad/nil dy", wgrad(v.dw, v.x, nil, v.sizes, nil), "dy"},
+		{"wgrad/x without ColT", wgrad(v.dw, with(v.x, func(q *quant.Blockwise) { q.ColT = nil }), v.dy, v.sizes, nil), "x.ColT"},
+		{"wgrad/dy.ColTScale shape", wgrad(v.dw, v.x, with(v.dy, func(q *quant.Blockwise) { q.ColTScale = al(device.F32, 1, 48) }), v.sizes, nil), "dy.ColTScale"},
+		{"wgrad/freed dy.ColT", wgrad(v.dw, v.x, with(v.dy, func(q *quant.Blockwise) { q.ColT = freed(device.E5M2, 48, 256) }), v.sizes, nil), "dy.ColT"},
+		{"wgrad/x and dy in different groups", wgrad(v.dw, v.x, dy3, v.sizes, nil), "dy"},
+		{"wgrad/groups other than sizes", wgrad(v.dw, x3, dy3, v.sizes, nil), "sizes"},
+		{"wgrad/x and dy of different M", wgrad(v.dw, v.x, dy12, v.sizes, nil), "dy"},
+		{"wgrad/dy.Format", wgrad(v.dw, v.x, with(v.dy, func(q *quant.Blockwise) { q.Format = -1 }), v.sizes, nil), "dy.Format"},
+		{"wgrad/freed status", wgrad(v.dw, v.x, v.dy, v.sizes, &gemm.Options{Status: freedStatus}), "opt.Status"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { dt.WantErrorNaming(t, c.call, c.arg) })
+	}
+}
+
+// TestBlockwiseOtherDevice: a quantized operand on another device than the stream's is an
+// error naming it.
+func TestBlockwiseOtherDevice(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		if !d.IsCUDA() {
+			t.Skip("needs a second device")
+		}
+		cpu, s := newBlockArgs(device.CPU().Stream()), d.Stream()
+		v := newBlockArgs(s)
+		dt.WantErrorNaming(t, func() error { return gemm.RaggedDotBlockwise(s, v.y, cpu.x, v.w, v.sizes, nil) }, "x.Row")
+		dt.WantErrorNaming(t, func() error { return gemm.RaggedDotBlockwise(s, v.y, v.x, cpu.w, v.sizes, nil) }, "w.KMajor")
+		dt.WantErrorNaming(t, func() error { return gemm.RaggedDotBlockwiseWeightGrad(s, v.dw, v.x, cpu.dy, v.sizes, nil) }, "dy.ColT")
+	})
+}
