@@ -15,7 +15,9 @@ const checkpointVersion = 1
 
 // Checkpoint is the file format of a saved model: one gob-encoded Checkpoint
 // (encoding/gob). It holds everything needed to resume training: the model's shape,
-// the optimizer step, every parameter with its AdamW moments, and the loss history.
+// the optimizer step, every parameter with its AdamW moments (the experts of every
+// rank, so a model trained over R ranks resumes over any number that divides E), and
+// the loss history.
 type Checkpoint struct {
 	Version int // checkpointVersion
 	Config  ModelConfig
@@ -45,20 +47,30 @@ type History struct {
 }
 
 // save writes the model and its history to path, atomically (a temporary file renamed).
+// Over several ranks every rank calls it: the experts of every rank are gathered, and
+// rank 0 writes the file.
 func (m *Model) save(path string, seed uint64, h History) error {
 	ck := Checkpoint{Version: checkpointVersion, Config: m.Config, Step: m.Step, Seed: seed, History: h}
 	for _, p := range m.params {
-		st := SavedTensor{Name: p.name, Shape: slices.Clone(p.shape)}
+		st := SavedTensor{Name: p.name, Shape: slices.Clone(p.full)}
 		var err error
 		for _, c := range []struct {
 			dst *[]float32
 			t   *device.Tensor
 		}{{&st.Value, p.w}, {&st.M, p.m}, {&st.V, p.v}} {
-			if *c.dst, err = c.t.Float32s(m.s); err != nil {
+			if p.expert {
+				*c.dst, err = m.dist.gatherFloat32(m.s, c.t)
+			} else {
+				*c.dst, err = c.t.Float32s(m.s)
+			}
+			if err != nil {
 				return err
 			}
 		}
 		ck.Params = append(ck.Params, st)
+	}
+	if m.dist.Rank() != 0 {
+		return nil
 	}
 	tmp := path + ".tmp"
 	f, err := os.Create(tmp)
@@ -97,31 +109,44 @@ func readCheckpoint(path string) (*Checkpoint, error) {
 	return &ck, nil
 }
 
-// loadModel returns the model of a checkpoint on d.
-func loadModel(d *device.Device, ck *Checkpoint) (*Model, error) {
-	m, err := newModel(d, ck.Config, 0)
+// loadModel returns the model of a checkpoint on d, trained as o says: over R ranks,
+// each takes its experts.
+func loadModel(d *device.Device, ck *Checkpoint, o modelOptions) (*Model, error) {
+	m, err := newModel(d, ck.Config, 0, o)
 	if err != nil {
 		return nil, err
 	}
 	if len(ck.Params) != len(m.params) {
 		return nil, m.freeAfter(fmt.Errorf("checkpoint: %d parameters, want %d", len(ck.Params), len(m.params)))
 	}
+	R, rank := m.dist.Size(), m.dist.Rank()
 	for i, p := range m.params {
 		st := ck.Params[i]
-		if st.Name != p.name || !slices.Equal(st.Shape, p.shape) {
-			return nil, m.freeAfter(fmt.Errorf("checkpoint: parameter %d is %s %v, want %s %v", i, st.Name, st.Shape, p.name, p.shape))
+		if st.Name != p.name || !slices.Equal(st.Shape, p.full) {
+			return nil, m.freeAfter(fmt.Errorf("checkpoint: parameter %d is %s %v, want %s %v", i, st.Name, st.Shape, p.name, p.full))
 		}
 		for _, c := range []struct {
 			src []float32
 			t   *device.Tensor
 		}{{st.Value, p.w}, {st.M, p.m}, {st.V, p.v}} {
-			if len(c.src) != c.t.Len() {
-				return nil, m.freeAfter(fmt.Errorf("checkpoint: %s holds %d values, want %d", p.name, len(c.src), c.t.Len()))
+			n := c.t.Len()
+			if p.expert {
+				n *= R
 			}
-			if err := c.t.SetFloat32(m.s, c.src); err != nil {
+			if len(c.src) != n {
+				return nil, m.freeAfter(fmt.Errorf("checkpoint: %s holds %d values, want %d", p.name, len(c.src), n))
+			}
+			src := c.src
+			if p.expert {
+				src = src[rank*c.t.Len() : (rank+1)*c.t.Len()]
+			}
+			if err := c.t.SetFloat32(m.s, src); err != nil {
 				return nil, m.freeAfter(err)
 			}
 		}
+	}
+	if err := m.syncCompute(); err != nil {
+		return nil, m.freeAfter(err)
 	}
 	m.Step = ck.Step
 	return m, nil

@@ -10,15 +10,58 @@
 // standard packages (every 20th file held out), once dropless and once, from the same
 // initialization and on the same batches, as a capacity-factor layer that drops the
 // assignments past ⌈factor·T·K/E⌉ per expert. A line per -eval-every steps gives the
-// training and held-out losses, the throughput and the experts' load; at the end each
-// model is saved to -out/<name>.ckpt (see Checkpoint; -resume continues from there),
-// the loss curves are drawn into -out/loss.png, and the final held-out losses are
-// compared with the unigram entropy of the held-out text.
+// training and held-out losses, the throughput, the step time and the MoE layers'
+// share of it, the model FLOP utilization (or, without a known peak, the FLOP/s) and
+// the experts' load; at the end each model is saved to -out/<name>.ckpt (see
+// Checkpoint; -resume continues from there), the loss curves are drawn into
+// -out/loss.png, and the final held-out losses are compared with the unigram entropy
+// of the held-out text.
 //
-// The MoE layers run through package moe (router, permutation, gemm.RaggedDot), the
-// output layer through gemm.RaggedDot with one group, and the embedding, normalization,
-// softmax cross-entropy and AdamW through the kernels of kernels/train.cu on a GPU or
-// their Go twins on the CPU. Everything is float32.
+// # The step
+//
+// A training step is enqueued on one stream and nothing waits for the device: the
+// losses and the routing statistics are summed on the device and read back at the
+// progress lines only. The batches are prepared ahead by a goroutine into pinned host
+// buffers and uploaded on a stream of their own that the step's stream waits for. The
+// step is
+//
+//	embed+norm      h = Σ_w emb[w, tok], xn = rmsnorm(h)      one kernel
+//	per layer       y = MoE(xn)                                package moe
+//	                h += y, xn = rmsnorm(h)                   one kernel
+//	output+loss     logits = xn·out                            gemm.RaggedDot, one group
+//	                loss, dlogits = softmax cross-entropy     one kernel, a warp per row
+//	output bwd      dout, dxn                                  gemm.RaggedDotWeightGrad, RaggedDotInputGrad
+//	                dh = rmsnorm'(dxn)                         one kernel
+//	per layer       dxn = MoE'(dh); dh += rmsnorm'(dxn)        package moe; one kernel
+//	embed bwd       demb                                       a counting sort of each position's rows by token, then one sum per row of demb
+//	grad sum        (over ranks) the replicated gradients      an all-gather, then one kernel
+//	adamw           every parameter                            one kernel over a device table of the parameters
+//
+// -dtype bf16 runs the MoE layers and the output projection in bf16, on tensor cores:
+// they read bf16 copies of their weights, which the AdamW kernel writes, while the
+// weights, gradients, AdamW's moments, the residual stream and the logits stay f32.
+// -profile prints, for one step after warm-up, the device time of each stage above
+// with the rate its estimated work implies. The kernels are in kernels/train.cu; on
+// the CPU their Go twins run, which the tests compare them with.
+//
+// # Expert parallelism and offloading
+//
+// -ep N trains each model over N ranks: goroutine ranks in this process (on the CPU or
+// all on one GPU, through ep.NewWorld), or with -nccl NCCL ranks on GPUs 0 to N-1
+// (ep.NewNCCLWorld), or one process per GPU under torchrun's variables (ep.InitFromEnv;
+// WORLD_SIZE > 1 makes this process rank RANK). Each rank holds E/N experts of every
+// layer (moe.Config.EP) and B/N rows of every global batch of B; the other parameters
+// are replicated and their gradients summed over the ranks. Checkpoints hold every
+// rank's experts, gathered by rank 0, so they resume over any N that divides E. On the
+// same global batch the losses are those of -ep 1 within float tolerance, except that
+// each rank's load-balancing loss (-aux) is over its own tokens, and that a capacity
+// model's capacity is per rank (ep.Factor), which is per expert only when N = E.
+//
+// -offload POLICY sends the MoE layers' activations named by the policy (package
+// offload's syntax, MaxText's names) to pinned host memory during the forward pass and
+// back for the backward (moe.Config.Offload), or drops them for recompute; the losses
+// are bit-identical to the run without it, and the progress lines show the bytes moved
+// to the host per step.
 package main
 
 import (
@@ -29,10 +72,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/dropless/dropless/device"
-	"github.com/dropless/dropless/moe"
+	"github.com/dropless/dropless/offload"
 )
 
 // options are the command's flags.
@@ -45,6 +87,9 @@ type options struct {
 	Device, Out, Data, Packages                                         string
 	MaxBytes, EvalEvery, EvalTokens                                     int
 	Resume, NoPlot                                                      bool
+	DType, Offload                                                      string
+	EP                                                                  int
+	NCCL, Profile                                                       bool
 }
 
 func defaultOptions() options {
@@ -54,6 +99,7 @@ func defaultOptions() options {
 		Capacity: 1, Seed: 1, Out: "train-out",
 		Packages: "strings,bytes,fmt,sort,strconv,bufio,unicode/utf8,text/template,io,errors,regexp,go/scanner",
 		MaxBytes: 4 << 20, EvalEvery: 50, EvalTokens: 4096,
+		DType: "f32", EP: 1,
 	}
 }
 
@@ -86,6 +132,11 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Data, "data", o.Data, "a text `file or directory` to train on instead of the Go source (a directory's files are read recursively, leaving out hidden and binary files)")
 	fs.StringVar(&o.Packages, "packages", o.Packages, "comma-separated standard packages whose .go files make the corpus")
 	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "most bytes of text to read")
+	fs.StringVar(&o.DType, "dtype", o.DType, "compute dtype of the MoE layers and the output projection: f32, or bf16 (tensor cores; weights, gradients and optimizer state stay f32)")
+	fs.IntVar(&o.EP, "ep", o.EP, "expert-parallel ranks N: each holds E/N experts of every layer and B/N rows of every batch, the other parameters data parallel (goroutine ranks in this process, or see -nccl)")
+	fs.BoolVar(&o.NCCL, "nccl", o.NCCL, "make the -ep ranks NCCL ranks on GPUs 0 to N-1 of this process (under torchrun's WORLD_SIZE, RANK, ... this process is one rank)")
+	fs.StringVar(&o.Offload, "offload", o.Offload, "offload `policy` of the MoE layers' activations during training, as package offload parses it (MaxText's names: moe_permuted, moe_mlpwi, moe_mlp_swiglu, moe_mlpwo, mlpwi, mlp_swiglu; e.g. \"*=offload\" or \"moe_mlpwi=offload,moe_mlp_swiglu=remat\")")
+	fs.BoolVar(&o.Profile, "profile", o.Profile, "print the time of each stage of one step after warm-up, from device events")
 }
 
 func main() {
@@ -100,7 +151,9 @@ source, first with dropless MoE layers, then the same model with capacity-factor
 layers (-capacity), on the same batches from the same initialization. Prints the
 training and held-out losses (nats per byte), tokens per second and the experts' load
 every -eval-every steps; saves -out/dropless.ckpt, -out/capacity.ckpt and
--out/loss.png. Runs on the GPU when one works, else on the CPU.
+-out/loss.png. Runs on the GPU when one works, else on the CPU; -ep spreads the
+experts over ranks, -offload sends activations to host memory, -profile times the
+stages of a step.
 
 `)
 		flag.PrintDefaults()
@@ -161,8 +214,36 @@ func (o options) validate() error {
 		return fmt.Errorf("-capacity %v, want ≥ 0", o.Capacity)
 	case o.MaxBytes < 1:
 		return fmt.Errorf("-max-bytes %d, want ≥ 1", o.MaxBytes)
+	case o.EP < 1:
+		return fmt.Errorf("-ep %d, want ≥ 1", o.EP)
+	case o.Batch%o.EP != 0:
+		return fmt.Errorf("-batch %d over -ep %d ranks: want a multiple of the ranks", o.Batch, o.EP)
+	case o.Experts%o.EP != 0:
+		return fmt.Errorf("-experts %d over -ep %d ranks: want a multiple of the ranks", o.Experts, o.EP)
 	}
-	return nil
+	if _, err := o.computeType(); err != nil {
+		return err
+	}
+	_, err := o.offloadPolicy()
+	return err
+}
+
+// computeType returns the dtype of -dtype.
+func (o options) computeType() (device.DType, error) {
+	dt, err := device.ParseDType(o.DType)
+	if err != nil || (dt != device.F32 && dt != device.BF16) {
+		return 0, fmt.Errorf("-dtype %q, want f32 or bf16", o.DType)
+	}
+	return dt, nil
+}
+
+// offloadPolicy returns the policy of -offload; the zero Policy when it is empty.
+func (o options) offloadPolicy() (offload.Policy, error) {
+	p, err := offload.ParsePolicy(o.Offload)
+	if err != nil {
+		return p, fmt.Errorf("-offload: %w", err)
+	}
+	return p, nil
 }
 
 func (o options) modelConfig(capacity float64) ModelConfig {
@@ -194,16 +275,30 @@ func run(o options, w io.Writer) (*report, error) {
 	if len(c.Train) <= o.Window || len(c.Heldout) <= o.Window {
 		return nil, fmt.Errorf("corpus: %d training and %d held-out bytes, want more than -window %d of each", len(c.Train), len(c.Heldout), o.Window)
 	}
+	var d *device.Device
+	if !underTorchrun() && !o.NCCL {
+		if d, err = device.Open(o.Device); err != nil {
+			return nil, err
+		}
+	}
+	cl, err := newCluster(o, d)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	if cl.rank0() != 0 {
+		w = io.Discard // one process of several: rank 0 reports
+	}
 	rep := &report{Unigram: unigramEntropy(c.Heldout)}
 	fmt.Fprintf(w, "corpus: %s\n", c.Source)
 	fmt.Fprintf(w, "corpus: %d files, %d bytes to train on, %d held out (%d files)\n", c.Files, len(c.Train), len(c.Heldout), c.HeldoutFiles)
 	fmt.Fprintf(w, "unigram entropy of the held-out bytes: %.3f nats (%.3f bits) per byte\n", rep.Unigram, rep.Unigram/math.Ln2)
-
-	d, err := device.Open(o.Device)
-	if err != nil {
-		return nil, err
+	if d != nil {
+		fmt.Fprintf(w, "device: %v (%s)\n", d, d.Name())
 	}
-	fmt.Fprintf(w, "device: %v (%s)\n", d, d.Name())
+	if cl.desc != "" {
+		fmt.Fprintf(w, "ranks: %s; experts and batch rows split over them, the other parameters replicated\n", cl.desc)
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}
@@ -220,7 +315,7 @@ func run(o options, w io.Writer) (*report, error) {
 	}
 	var curves []curve
 	for _, j := range jobs {
-		res, err := trainModel(d, j.name, o.modelConfig(j.capacity), o, c, evalSet, w)
+		res, err := trainModel(cl, j.name, o.modelConfig(j.capacity), o, c, evalSet, w)
 		if err != nil {
 			return nil, fmt.Errorf("%s model: %w", j.name, err)
 		}
@@ -231,7 +326,7 @@ func run(o options, w io.Writer) (*report, error) {
 		}
 		curves = append(curves, curve{label, res.History})
 	}
-	if !o.NoPlot {
+	if !o.NoPlot && cl.rank0() == 0 {
 		path := filepath.Join(o.Out, "loss.png")
 		if err := plotLosses(path, curves, rep.Unigram); err != nil {
 			return nil, fmt.Errorf("plot: %w", err)
@@ -261,131 +356,6 @@ func lrAt(t, total, warmup int, lr, minLR float64) float64 {
 	}
 	f := float64(t-warmup) / float64(total-warmup)
 	return lr * (minLR + (1-minLR)*0.5*(1+math.Cos(math.Pi*min(f, 1))))
-}
-
-// trainModel trains (or, with -resume, continues) the model called name and saves it.
-func trainModel(d *device.Device, name string, cfg ModelConfig, o options, c *corpus, evalSet [][]int32, w io.Writer) (*result, error) {
-	res := &result{Name: name, Path: filepath.Join(o.Out, name+".ckpt"), First: math.NaN()}
-	var m *Model
-	var err error
-	if o.Resume {
-		ck, err := readCheckpoint(res.Path)
-		if err != nil {
-			return nil, fmt.Errorf("-resume: %w", err)
-		}
-		if ck.Config != cfg {
-			fmt.Fprintf(w, "%s: the checkpoint's model shape %+v differs from the flags'; using the checkpoint's\n", name, ck.Config)
-		}
-		if m, err = loadModel(d, ck); err != nil {
-			return nil, err
-		}
-		res.History = ck.History
-		cfg = ck.Config
-		fmt.Fprintf(w, "%s: resumed from %s at step %d\n", name, res.Path, m.Step)
-	} else if m, err = newModel(d, cfg, o.Seed); err != nil {
-		return nil, err
-	}
-	defer m.Free()
-	nparams, nexpert := 0, 0
-	for _, p := range m.params {
-		nparams += p.w.Len()
-		if strings.HasSuffix(p.name, ".w1") || strings.HasSuffix(p.name, ".w2") {
-			nexpert += p.w.Len()
-		}
-	}
-	kind := "dropless"
-	if cfg.CapacityFactor > 0 {
-		c, err := moe.Capacity(cfg.CapacityFactor, o.Batch, cfg.TopK, cfg.Experts)
-		if err != nil {
-			return nil, err
-		}
-		kind = fmt.Sprintf("capacity factor %g (%d rows per expert)", cfg.CapacityFactor, c)
-	}
-	fmt.Fprintf(w, "\n%s model: W=%d H=%d F=%d E=%d K=%d L=%d, %s; %d parameters (%d in experts, %d active per token)\n",
-		name, cfg.Window, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK, cfg.Layers, kind,
-		nparams, nexpert, nparams-nexpert+nexpert*cfg.TopK/cfg.Experts)
-	if !o.Resume {
-		ev, err := m.evalLoss(evalSet)
-		if err != nil {
-			return nil, err
-		}
-		res.First = ev
-		res.History.EvalStep = append(res.History.EvalStep, 0)
-		res.History.Eval = append(res.History.Eval, ev)
-		fmt.Fprintf(w, "%-9s step %5d  held-out %.3f\n", name, 0, ev)
-	}
-	h := adamHyper{Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay}
-	total := m.Step + o.Steps
-	E, L := cfg.Experts, cfg.Layers
-	load := make([][]int64, L)
-	for l := range load {
-		load[l] = make([]int64, E)
-	}
-	var winRows, winDropped, winAssigned int64
-	var winTime time.Duration
-	start := time.Now()
-	for i := range o.Steps {
-		step := m.Step
-		tok := trainBatch(c.Train, o.Seed, step, o.Batch, cfg.Window)
-		t0 := time.Now()
-		stats, err := m.trainStep(tok, h, lrAt(step+1, total, o.Warmup, o.LR, o.MinLR))
-		if err != nil {
-			return nil, fmt.Errorf("step %d: %w", step+1, err)
-		}
-		winTime += time.Since(t0)
-		winRows += int64(o.Batch)
-		for l, st := range stats {
-			for e, n := range st.Load {
-				load[l][e] += int64(n)
-				winAssigned += int64(n)
-			}
-			winDropped += int64(st.Dropped)
-		}
-		if m.Step%o.EvalEvery != 0 && i != o.Steps-1 {
-			continue
-		}
-		sum, err := m.takeTrainLoss()
-		if err != nil {
-			return nil, err
-		}
-		tr := sum / float64(winRows)
-		t1 := time.Now()
-		ev, err := m.evalLoss(evalSet)
-		if err != nil {
-			return nil, err
-		}
-		evTime := time.Since(t1)
-		hist := &res.History
-		hist.TrainStep = append(hist.TrainStep, m.Step)
-		hist.Train = append(hist.Train, tr)
-		hist.Dropped = append(hist.Dropped, float64(winDropped)/float64(max(winAssigned, 1)))
-		hist.EvalStep = append(hist.EvalStep, m.Step)
-		hist.Eval = append(hist.Eval, ev)
-		line := fmt.Sprintf("%-9s step %5d/%d  train %.3f  held-out %.3f  %6.0f tok/s  eval %4.0f ms  load/mean",
-			name, m.Step, total, tr, ev, float64(winRows)/winTime.Seconds(), evTime.Seconds()*1e3)
-		for l := range load {
-			lo, hi := loadRange(load[l])
-			line += fmt.Sprintf(" L%d %.2f-%.2f", l, lo, hi)
-			clear(load[l])
-		}
-		if cfg.CapacityFactor > 0 {
-			line += fmt.Sprintf("  dropped %.1f%%", 100*float64(winDropped)/float64(max(winAssigned, 1)))
-		}
-		fmt.Fprintln(w, line)
-		res.Dropped += winDropped
-		res.Assigned += winAssigned
-		winRows, winDropped, winAssigned, winTime = 0, 0, 0, 0
-	}
-	if o.Steps > 0 || !o.Resume {
-		res.Heldout = res.History.Eval[len(res.History.Eval)-1]
-	} else if res.Heldout, err = m.evalLoss(evalSet); err != nil {
-		return nil, err
-	}
-	if err := m.save(res.Path, o.Seed, res.History); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(w, "%s: %d steps in %v; saved %s\n", name, o.Steps, time.Since(start).Round(time.Millisecond), res.Path)
-	return res, nil
 }
 
 // loadRange returns the smallest and largest entries of load over their mean.

@@ -57,178 +57,6 @@ func randTokens(seed uint64, n, V int, invalid bool) []int32 {
 	return tok
 }
 
-// TestOps checks the dense ops of the model on each device against float64 references,
-// at sizes that are not multiples of the block size, outputs poisoned first.
-func TestOps(t *testing.T) {
-	dt.Run(t, func(t *testing.T, d *device.Device) {
-		s := d.Stream()
-		r := dt.Rand(7)
-		for _, c := range []struct{ B, W, V, H int }{{1, 1, 2, 1}, {37, 5, 11, 19}, {300, 3, 7, 300}} {
-			t.Run(fmt.Sprintf("B=%d,W=%d,V=%d,H=%d", c.B, c.W, c.V, c.H), func(t *testing.T) {
-				B, W, V, H := c.B, c.W, c.V, c.H
-				ld := W + 2
-				tokv := randTokens(uint64(B), B*ld, V, true)
-				tok := dt.Must(device.FromSlice(s, device.I32, tokv, B, ld))
-				embv := dt.Normal(r, W*V*H, 1)
-				emb := up(t, s, embv, W*V, H)
-				h := dt.Must(s.Alloc(device.F32, B, H))
-				dt.Poison(t, s, h)
-				dt.NoErr(t, embedForward(s, h, emb, tok, W, V))
-				want := make([]float64, B*H)
-				for b := range B {
-					for w := range W {
-						if v := int(tokv[b*ld+w]); v < V {
-							for j := range H {
-								want[b*H+j] += float64(embv[(w*V+v)*H+j])
-							}
-						}
-					}
-				}
-				near(t, "embedForward", down(t, s, h), want, 1e-5)
-
-				dhv := dt.Normal(r, B*H, 1)
-				dh := up(t, s, dhv, B, H)
-				demb := dt.Must(s.Alloc(device.F32, W*V, H))
-				dt.Poison(t, s, demb)
-				dt.NoErr(t, embedBackward(s, demb, dh, tok, W, V))
-				want = make([]float64, W*V*H)
-				for b := range B {
-					for w := range W {
-						if v := int(tokv[b*ld+w]); v < V {
-							for j := range H {
-								want[(w*V+v)*H+j] += float64(dhv[b*H+j])
-							}
-						}
-					}
-				}
-				near(t, "embedBackward", down(t, s, demb), want, 1e-4)
-
-				xv := dt.Normal(r, B*H, 2)
-				x := up(t, s, xv, B, H)
-				xn := dt.Must(s.Alloc(device.F32, B, H))
-				rstd := dt.Must(s.Alloc(device.F32, B))
-				dt.Poison(t, s, xn, rstd)
-				dt.NoErr(t, rmsForward(s, xn, rstd, x))
-				wantXn, wantR := make([]float64, B*H), make([]float64, B)
-				for b := range B {
-					ss := 0.0
-					for j := range H {
-						ss += float64(xv[b*H+j]) * float64(xv[b*H+j])
-					}
-					wantR[b] = 1 / math.Sqrt(ss/float64(H)+rmsEps)
-					for j := range H {
-						wantXn[b*H+j] = float64(xv[b*H+j]) * wantR[b]
-					}
-				}
-				near(t, "rmsForward xn", down(t, s, xn), wantXn, 1e-5)
-				near(t, "rmsForward rstd", down(t, s, rstd), wantR, 1e-5)
-				for _, acc := range []bool{false, true} {
-					prev := dt.Normal(r, B*H, 1)
-					dx := up(t, s, prev, B, H)
-					if !acc {
-						dt.Poison(t, s, dx)
-					}
-					dt.NoErr(t, rmsBackward(s, dx, dh, xn, rstd, acc))
-					xnv := down(t, s, xn)
-					want := make([]float64, B*H)
-					for b := range B {
-						dot := 0.0
-						for j := range H {
-							dot += float64(dhv[b*H+j]) * float64(xnv[b*H+j])
-						}
-						for j := range H {
-							want[b*H+j] = wantR[b] * (float64(dhv[b*H+j]) - float64(xnv[b*H+j])*dot/float64(H))
-							if acc {
-								want[b*H+j] += float64(prev[b*H+j])
-							}
-						}
-					}
-					near(t, fmt.Sprintf("rmsBackward(accumulate=%v)", acc), down(t, s, dx), want, 1e-4)
-				}
-
-				sum := dt.Must(s.Alloc(device.F32, B, H))
-				dt.Poison(t, s, sum)
-				dt.NoErr(t, add(s, sum, x, dh))
-				want = make([]float64, B*H)
-				for i := range want {
-					want[i] = float64(xv[i]) + float64(dhv[i])
-				}
-				near(t, "add", down(t, s, sum), want, 1e-6)
-
-				zv := dt.Normal(r, B*H, 3) // logits [B, H]: H plays the vocabulary here
-				z := up(t, s, zv, B, H)
-				const col = 1
-				for _, grad := range []bool{false, true} {
-					lossInit := dt.Normal(r, B, 1)
-					loss := up(t, s, lossInit, B)
-					var dz *device.Tensor
-					if grad {
-						dz = dt.Must(s.Alloc(device.F32, B, H))
-						dt.Poison(t, s, dz)
-					}
-					tokH := randTokens(uint64(B+H), B*ld, H, true)
-					tt := dt.Must(device.FromSlice(s, device.I32, tokH, B, ld))
-					dt.NoErr(t, softmaxCE(s, loss, dz, z, tt, col, 0.5))
-					wantL, wantD := make([]float64, B), make([]float64, B*H)
-					for b := range B {
-						m := math.Inf(-1)
-						for j := range H {
-							m = math.Max(m, float64(zv[b*H+j]))
-						}
-						se := 0.0
-						for j := range H {
-							se += math.Exp(float64(zv[b*H+j]) - m)
-						}
-						tg := int(tokH[b*ld+col])
-						wantL[b] = float64(lossInit[b])
-						if tg < H {
-							wantL[b] += math.Log(se) + m - float64(zv[b*H+tg])
-						}
-						for j := range H {
-							p := 0.0
-							if tg < H {
-								p = math.Exp(float64(zv[b*H+j])-m) / se
-							}
-							if j == tg {
-								p--
-							}
-							wantD[b*H+j] = 0.5 * p
-						}
-					}
-					near(t, fmt.Sprintf("softmaxCE(grad=%v) loss", grad), down(t, s, loss), wantL, 1e-5)
-					if grad {
-						near(t, "softmaxCE dlogits", down(t, s, dz), wantD, 1e-5)
-					}
-				}
-
-				n := B * H
-				pv, gv, mv, vv := dt.Normal(r, n, 1), dt.Normal(r, n, 1), dt.Normal(r, n, 0.1), dt.Normal(r, n, 0.1)
-				for i := range vv {
-					vv[i] *= vv[i]
-				}
-				p, g, m, v := up(t, s, pv, n), up(t, s, gv, n), up(t, s, mv, n), up(t, s, vv, n)
-				hyp := adamHyper{LR: 0.01, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8}
-				const step, wd = 3, 0.1
-				dt.NoErr(t, adamw(s, p, g, m, v, hyp, wd, step))
-				wantP, wantM, wantV := make([]float64, n), make([]float64, n), make([]float64, n)
-				c1, c2 := 1/(1-math.Pow(0.9, step)), 1/(1-math.Pow(0.99, step))
-				for i := range n {
-					g := float64(gv[i])
-					wantM[i] = 0.9*float64(mv[i]) + 0.1*g
-					wantV[i] = 0.99*float64(vv[i]) + 0.01*g*g
-					wantP[i] = float64(pv[i])*(1-0.01*wd) - 0.01*wantM[i]*c1/(math.Sqrt(wantV[i]*c2)+1e-8)
-				}
-				near(t, "adamw p", down(t, s, p), wantP, 1e-5)
-				near(t, "adamw m", down(t, s, m), wantM, 1e-5)
-				near(t, "adamw v", down(t, s, v), wantV, 1e-5)
-				for _, x := range []*device.Tensor{tok, emb, h, dh, demb, x, xn, rstd, sum, z, p, g, m, v} {
-					x.Free()
-				}
-			})
-		}
-	})
-}
-
 // TestGradients compares the model's gradients with central differences of its loss,
 // on a few entries of every parameter.
 func TestGradients(t *testing.T) {
@@ -236,7 +64,7 @@ func TestGradients(t *testing.T) {
 		for _, shared := range []int{0, 6} {
 			t.Run(fmt.Sprintf("shared=%d", shared), func(t *testing.T) {
 				cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 8, FFN: 4, SharedFFN: shared, Experts: 4, TopK: 2, Layers: 2}
-				m := dt.Must(newModel(d, cfg, 3))
+				m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: device.F32}))
 				defer m.Free()
 				s := m.s
 				// A random output layer, so that every parameter gets a gradient.
@@ -244,9 +72,10 @@ func TestGradients(t *testing.T) {
 				const B = 16
 				tok := randTokens(11, B*(cfg.Window+1), cfg.Vocab, false)
 				ws := dt.Must(m.workspace(B))
-				dt.NoErr(t, device.Upload(s, ws.tok, tok))
-				acts := dt.Must(m.forward(ws, ws.trainLoss, true))
-				dt.NoErr(t, m.backward(ws, acts))
+				tt := dt.Must(device.FromSlice(s, device.I32, tok, B, cfg.Window+1))
+				defer tt.Free()
+				acts := dt.Must(m.forward(ws, tt, ws.trainLoss, true, m.layers))
+				dt.NoErr(t, m.backward(ws, tt, acts))
 				loss := func() float64 { return dt.Must(m.evalLoss([][]int32{tok})) }
 				r := dt.Rand(13)
 				const eps = 1e-3
@@ -363,7 +192,7 @@ func TestTrain(t *testing.T) {
 		// The checkpoint reloads to the same parameters and the same held-out loss.
 		r0 := rep.Models[0]
 		ck := dt.Must(readCheckpoint(r0.Path))
-		m := dt.Must(loadModel(d, ck))
+		m := dt.Must(loadModel(d, ck, modelOptions{DType: device.F32}))
 		defer m.Free()
 		path2 := filepath.Join(t.TempDir(), "again.ckpt")
 		dt.NoErr(t, m.save(path2, ck.Seed, ck.History))
@@ -426,6 +255,11 @@ func TestErrors(t *testing.T) {
 		{func(o *options) { o.EvalEvery = 0 }, "-eval-every"},
 		{func(o *options) { o.Resume = true }, "-resume"},
 		{func(o *options) { o.Data = filepath.Join(t.TempDir(), "missing") }, "-data"},
+		{func(o *options) { o.EP = 0 }, "-ep"},
+		{func(o *options) { o.EP = 3 }, "-batch 32 over -ep 3"},
+		{func(o *options) { o.EP, o.Batch = 8, 64 }, "-experts 4 over -ep 8"},
+		{func(o *options) { o.DType = "f16" }, "-dtype"},
+		{func(o *options) { o.Offload = "moe_mlpwi=disk" }, "-offload"},
 	} {
 		o := tinyOptions(t)
 		c.mod(&o)
@@ -434,4 +268,137 @@ func TestErrors(t *testing.T) {
 			t.Errorf("error %v, want one naming %s", err, c.want)
 		}
 	}
+}
+
+// runOK runs o and returns its report and output, failing t on an error.
+func runOK(t *testing.T, o options) (*report, string) {
+	t.Helper()
+	var out bytes.Buffer
+	rep, err := run(o, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	return rep, out.String()
+}
+
+// closeHistories reports where two runs' losses differ by more than tol·(1 + |loss|).
+func closeHistories(t *testing.T, what string, want, got *report, tol float64) {
+	t.Helper()
+	for i, r := range want.Models {
+		g := got.Models[i]
+		for _, c := range []struct {
+			name      string
+			want, got []float64
+		}{{"train", r.History.Train, g.History.Train}, {"held-out", r.History.Eval, g.History.Eval}} {
+			if len(c.want) != len(c.got) {
+				t.Fatalf("%s %s: %d %s losses, want %d", what, r.Name, len(c.got), c.name, len(c.want))
+			}
+			for j := range c.want {
+				if d := math.Abs(c.got[j] - c.want[j]); !(d <= tol*(1+math.Abs(c.want[j]))) {
+					t.Errorf("%s %s: %s loss %d is %.7f, want %.7f (-ep 1)", what, r.Name, c.name, j, c.got[j], c.want[j])
+				}
+			}
+		}
+	}
+}
+
+// TestEP trains the tiny models with -ep 4 (four in-process ranks of one expert each,
+// eight rows of every batch each) and checks that the losses at every evaluation are
+// those of -ep 1 within float tolerance; that the checkpoints, which hold every rank's
+// experts, resume under -ep 2 as the -ep 1 ones do under -ep 1; and that with the
+// load-balancing loss, which each rank computes over its own tokens, they stay close.
+func TestEP(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		o := tinyOptions(t)
+		o.Device, o.NoPlot, o.AuxLoss = d.String(), true, 0
+		rep1, _ := runOK(t, o)
+		o4 := o
+		o4.EP, o4.Out = 4, t.TempDir()
+		rep4, out := runOK(t, o4)
+		if !strings.Contains(out, "4 in-process ranks") {
+			t.Errorf("output does not name the ranks:\n%s", out)
+		}
+		closeHistories(t, "-ep 4", rep1, rep4, 1e-5)
+
+		// Resume the dropless models for 10 steps: -ep 1's under -ep 1, -ep 4's under -ep 2.
+		o.Resume, o.Steps, o.Capacity = true, 10, 0
+		o4.Resume, o4.Steps, o4.Capacity, o4.EP = true, 10, 0, 2
+		again1, _ := runOK(t, o)
+		again2, _ := runOK(t, o4)
+		closeHistories(t, "-ep 4 resumed with -ep 2", again1, again2, 1e-5)
+
+		o = tinyOptions(t)
+		o.Device, o.NoPlot = d.String(), true
+		rep1, _ = runOK(t, o)
+		o.EP, o.Out = 4, t.TempDir()
+		rep4, _ = runOK(t, o)
+		closeHistories(t, "-ep 4 with -aux 0.01", rep1, rep4, 1e-2)
+	})
+}
+
+// TestOffload trains the tiny models with the MoE layers' activations offloaded to
+// pinned host memory (or some dropped and recomputed) and checks that the losses are
+// bit-identical to those of the run that keeps them on the device, in each compute
+// dtype, and that the progress lines show the bytes sent to the host.
+func TestOffload(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		for _, typ := range []string{"f32", "bf16"} {
+			o := tinyOptions(t)
+			o.Device, o.NoPlot, o.DType, o.Steps = d.String(), true, typ, 20
+			plain, _ := runOK(t, o)
+			for _, pol := range []string{"*=offload", "moe_permuted=remat,moe_mlpwi=offload,moe_mlp_swiglu=remat,moe_mlpwo=offload"} {
+				t.Run(typ+"/"+pol, func(t *testing.T) {
+					o.Offload, o.Out = pol, t.TempDir()
+					rep, out := runOK(t, o)
+					for i, r := range plain.Models {
+						if diff := cmp.Diff(r.History, rep.Models[i].History); diff != "" {
+							t.Errorf("%s: losses differ from the run without offload (-without +with):\n%s", r.Name, diff)
+						}
+					}
+					if !strings.Contains(out, "host ") || strings.Contains(out, "host 0 B/step") || strings.Contains(out, "pool full") {
+						t.Errorf("output lacks the bytes offloaded:\n%s", out)
+					}
+				})
+			}
+		}
+	})
+}
+
+// TestProfile checks that -profile prints the time of every stage of a step.
+func TestProfile(t *testing.T) {
+	o := tinyOptions(t)
+	o.NoPlot, o.Profile, o.Capacity, o.EP = true, true, 0, 2
+	_, out := runOK(t, o)
+	want := []string{"profile of step 4", stageEmbed, layerStage(1, stageMoEFwd), layerStage(0, stageAddNorm), stageOutput,
+		stageOutputBwd, layerStage(0, stageMoEBwd), layerStage(1, stageNormBwd), stageEmbedBwd, stageGradSum, stageAdamW,
+		"MoE layers", "TFLOP/s", "GB/s", "ms/step (MoE", "GFLOP/s", "MFU: none"}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}
+
+// TestBF16 trains the tiny models with bf16 compute on each device: the losses fall
+// and end near those of f32 compute on the CPU.
+func TestBF16(t *testing.T) {
+	o := tinyOptions(t)
+	o.NoPlot = true
+	f32, _ := runOK(t, o)
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		o := tinyOptions(t)
+		o.Device, o.NoPlot, o.DType = d.String(), true, "bf16"
+		rep, out := runOK(t, o)
+		if !strings.Contains(out, "bf16 compute") {
+			t.Errorf("output does not say bf16 compute:\n%s", out)
+		}
+		for i, r := range rep.Models {
+			if !(r.Heldout < r.First-0.5) {
+				t.Errorf("%s: held-out loss did not fall: %.3f", r.Name, r.History.Eval)
+			}
+			if want := f32.Models[i].Heldout; math.Abs(r.Heldout-want) > 0.05*want {
+				t.Errorf("%s: final held-out loss %.4f with bf16 compute, %.4f with f32 on the CPU", r.Name, r.Heldout, want)
+			}
+		}
+	})
 }

@@ -7,8 +7,9 @@ import (
 	"math/rand/v2"
 
 	"github.com/dropless/dropless/device"
-	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/ep"
 	"github.com/dropless/dropless/moe"
+	"github.com/dropless/dropless/offload"
 )
 
 // ModelConfig is the shape of the model. It is saved in checkpoints.
@@ -29,8 +30,8 @@ type ModelConfig struct {
 
 func (c ModelConfig) validate() error {
 	switch {
-	case c.Vocab < 2:
-		return fmt.Errorf("vocabulary of %d tokens, want ≥ 2", c.Vocab)
+	case c.Vocab < 2 || c.Vocab > maxVocab:
+		return fmt.Errorf("vocabulary of %d tokens, want 2 to %d", c.Vocab, maxVocab)
 	case c.Window < 1:
 		return fmt.Errorf("-window %d, want ≥ 1", c.Window)
 	case c.Hidden < 1:
@@ -40,155 +41,307 @@ func (c ModelConfig) validate() error {
 	case c.CapacityFactor < 0:
 		return fmt.Errorf("capacity factor %v, want ≥ 0", c.CapacityFactor)
 	}
-	_, err := moe.NewLayer(c.layerConfig())
+	_, err := moe.NewLayer(c.layerConfig(nil, nil))
 	return err
 }
 
-func (c ModelConfig) layerConfig() moe.Config {
-	return moe.Config{
-		Hidden: c.Hidden, FFN: c.FFN, SharedFFN: c.SharedFFN, CapacityFactor: c.CapacityFactor,
-		Router: moe.RouterConfig{Experts: c.Experts, TopK: c.TopK, Renormalize: true, AuxLoss: c.AuxLoss},
+// layerConfig returns the configuration of the MoE layers: expert-parallel over g when
+// g is not nil, offloading to off when it is not. Over R ranks the group applies the
+// capacity, and each rank's load-balancing loss, of its own tokens, has the coefficient
+// AuxLoss/R: the ranks' gradients add up to the gradient of their mean, which differs
+// from the loss over the global batch only in that each rank's loads are its own.
+func (c ModelConfig) layerConfig(g *ep.Group, off *offload.Offloader) moe.Config {
+	cf, aux := c.CapacityFactor, c.AuxLoss
+	if g != nil {
+		cf, aux = 0, aux/float32(g.Transport().Size())
 	}
+	return moe.Config{
+		Hidden: c.Hidden, FFN: c.FFN, SharedFFN: c.SharedFFN, CapacityFactor: cf,
+		Router: moe.RouterConfig{Experts: c.Experts, TopK: c.TopK, Renormalize: true, AuxLoss: aux},
+		EP:     g, Offload: off,
+	}
+}
+
+// epConfig returns the expert-parallel configuration of the layers: dropless, or with
+// CapacityFactor the group's Factor capacity per rank, dropping the rows past it.
+func (c ModelConfig) epConfig() ep.Config {
+	cfg := ep.Config{Experts: c.Experts, TopK: c.TopK}
+	if c.CapacityFactor > 0 {
+		cfg.Capacity, cfg.Overflow = ep.Factor(c.CapacityFactor), ep.DropOverflow
+	}
+	return cfg
+}
+
+// modelOptions say how a Model is trained, beside its shape.
+type modelOptions struct {
+	DType   device.DType       // compute dtype of the MoE layers and the output projection: F32 or BF16
+	Stream  *device.Stream     // the stream of every op (nil: the device's default stream)
+	Dist    *dist              // the ranks training the model together (nil: one)
+	Offload *offload.Offloader // where the MoE layers' activations go during training (nil: nowhere)
 }
 
 // Model is a window language model: the sum of position-specific embeddings of the
 // previous W tokens, L pre-norm residual blocks h += MoE(rmsnorm(h)), and a linear
-// output over the vocabulary after a last rmsnorm. All tensors are F32 on one device
-// and every op is enqueued on the model's stream.
+// output over the vocabulary after a last rmsnorm. Parameters, their gradients and
+// AdamW's moments are F32; with a BF16 compute dtype the MoE layers and the output
+// projection read BF16 copies of their weights, which AdamW refreshes. Every op is
+// enqueued on the model's stream. Over R ranks each holds E/R experts of every layer and
+// a replica of every other parameter, whose gradients it sums with the other ranks'.
 type Model struct {
 	Config ModelConfig
 	Step   int // optimizer steps taken
 
-	s      *device.Stream
-	layers []*moe.Layer
-	params []*param
-	emb    *param // [W·V, H]
-	out    *param // [1, H, V]: one group for gemm.RaggedDot
-	moeP   []*moe.Params
-	moeG   []*moe.Grads
-	ws     *workspace
+	s          *device.Stream
+	dt         device.DType
+	dist       *dist
+	groups     []*ep.Group // one per layer over R > 1 ranks
+	layers     []*moe.Layer
+	evalLayers []*moe.Layer // the layers without offloading
+	off        *offload.Offloader
+	params     []*param
+	emb        *param // [W·V, H]
+	out        *param // [1, H, V]: one group for gemm.RaggedDot
+	moeP       []*moe.Params
+	moeG       []*moe.Grads
+	mem        *device.Temps  // the parameters' tensors
+	dpGrad     *device.Tensor // F32: the gradients of the replicated parameters, back to back
+	dpRecv     *device.Tensor // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
+	adam       *adamTable
+	stats      *device.Tensor // I64[L, E+1]: each layer's load per expert, then dropped assignments
+	epDropped  []int64        // rows each layer dropped for capacity (expert-parallel), since takeStats
+	ws         *workspace
+	tl         *stepMarks // where the step's stages are marked (nil: nowhere)
 }
 
-// param is a parameter with its gradient and AdamW moments, all F32 of one shape.
+// param is a parameter with its gradient and AdamW moments, all F32 of one shape, and
+// the BF16 copy the compute reads when the compute dtype is BF16.
 type param struct {
 	name       string
-	shape      []int
-	decay      bool // weight decay applies
+	shape      []int // this rank's
+	full       []int // over all ranks: experts are split along the first dimension
+	decay      bool  // weight decay applies
+	expert     bool  // split over the ranks
 	w, g, m, v *device.Tensor
+	c          *device.Tensor // BF16 copy of w, or nil
 }
 
-// workspace holds the activations of a batch of B rows.
+// cw returns the weights the compute reads: the BF16 copy, else w.
+func (p *param) cw() *device.Tensor {
+	if p.c != nil {
+		return p.c
+	}
+	return p.w
+}
+
+// workspace holds the activations of a batch of B rows (on this rank).
 type workspace struct {
 	B                 int
-	tok               *device.Tensor   // I32 [B, W+1]: context, then target
+	mem               *device.Temps
 	sizes             *device.Tensor   // I32 [1] = {B}: the one group of the dense products
-	h, xn, rstd       []*device.Tensor // L+1 each: block inputs, their norms, 1/rms
+	h, xn, rstd       []*device.Tensor // L+1 each: block inputs (F32), their norms (compute dtype), 1/rms
 	y                 *device.Tensor   // [B, H]: a block's MoE output
-	logits, dlogits   *device.Tensor   // [B, V]
-	dh, dxn           *device.Tensor   // [B, H]
-	trainLoss, evLoss *device.Tensor   // [B]: per-row loss sums
+	logits            *device.Tensor   // F32 [B, V]
+	dlogits           *device.Tensor   // [B, V]
+	dh                *device.Tensor   // F32 [B, H]: gradient of the residual stream
+	dhc               *device.Tensor   // its copy in the compute dtype (nil for F32: dh itself)
+	dxn               *device.Tensor   // [B, H]: gradient of a norm's output
+	perm, offs        *device.Tensor   // I32 [W, B], [W, V+1]: the embedding gradient's grouping
+	evTok             *device.Tensor   // I32 [B, W+1]: a held-out batch
+	trainLoss, evLoss *device.Tensor   // F32 [B]: per-row loss sums
 }
 
-// newModel returns a model of cfg on d with parameters drawn from seed.
-func newModel(d *device.Device, cfg ModelConfig, seed uint64) (*Model, error) {
+// initSpec describes a parameter: its name, shape over all ranks and initialization.
+type initSpec struct {
+	name    string
+	std     float64 // of the normal initialization; 0: zeros
+	full    []int
+	decay   bool
+	expert  bool
+	compute bool // read by the compute: a BF16 copy when the compute dtype is BF16
+}
+
+func (c ModelConfig) specs() []initSpec {
+	V, W, H, F, Fs, E := c.Vocab, c.Window, c.Hidden, c.FFN, c.SharedFFN, c.Experts
+	specs := []initSpec{{name: "embed", std: 1 / math.Sqrt(float64(W)), full: []int{W * V, H}}}
+	residual := 1 / math.Sqrt(float64(2*c.Layers))
+	for l := range c.Layers {
+		pre := fmt.Sprintf("layer%d.", l)
+		specs = append(specs,
+			initSpec{pre + "router", 1 / math.Sqrt(float64(H)), []int{E, H}, true, false, false},
+			initSpec{pre + "w1", 1 / math.Sqrt(float64(H)), []int{E, H, 2 * F}, true, true, true},
+			initSpec{pre + "w2", residual / math.Sqrt(float64(F)), []int{E, F, H}, true, true, true})
+		if Fs > 0 {
+			specs = append(specs,
+				initSpec{pre + "shared_w1", 1 / math.Sqrt(float64(H)), []int{H, 2 * Fs}, true, false, true},
+				initSpec{pre + "shared_w2", residual / math.Sqrt(float64(Fs)), []int{Fs, H}, true, false, true})
+		}
+	}
+	// A zero output layer: the first prediction is uniform, with a loss of ln V.
+	return append(specs, initSpec{name: "out", full: []int{1, H, V}, decay: true, compute: true})
+}
+
+// newModel returns a model of cfg with parameters drawn from seed (the same on every
+// rank, each keeping its experts), trained as o says.
+func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*Model, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{Config: cfg, s: d.Stream()}
-	V, W, H, F, Fs, E := cfg.Vocab, cfg.Window, cfg.Hidden, cfg.FFN, cfg.SharedFFN, cfg.Experts
-	r := rand.New(rand.NewPCG(seed, 0x5eed))
-	normal := func(std float64) func(int) float32 {
-		return func(int) float32 { return float32(r.NormFloat64() * std) }
+	if err := computeType("compute dtype", o.DType); err != nil {
+		return nil, err
 	}
-	zero := func(int) float32 { return 0 }
-	newParam := func(name string, decay bool, init func(int) float32, shape ...int) (*param, error) {
-		p := &param{name: name, shape: shape, decay: decay}
-		n := 1
-		for _, v := range shape {
-			n *= v
-		}
-		vals := make([]float32, n)
-		for i := range vals {
-			vals[i] = init(i)
-		}
-		var err error
-		if p.w, err = device.FromFloat32(m.s, device.F32, vals, shape...); err != nil {
-			return nil, err
-		}
-		for _, t := range []**device.Tensor{&p.g, &p.m, &p.v} {
-			if *t, err = m.s.Alloc(device.F32, shape...); err != nil {
-				return nil, err
+	s := o.Stream
+	if s == nil {
+		s = d.Stream()
+	}
+	R, rank := o.Dist.Size(), o.Dist.Rank()
+	if cfg.Experts%R != 0 {
+		return nil, fmt.Errorf("-experts %d over %d ranks: want a multiple of the ranks", cfg.Experts, R)
+	}
+	m := &Model{Config: cfg, s: s, dt: o.DType, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
+	for range cfg.Layers {
+		var g *ep.Group
+		if R > 1 {
+			var err error
+			if g, err = ep.NewGroup(o.Dist.tr, cfg.epConfig()); err != nil {
+				return nil, m.freeAfter(err)
 			}
-			if err := device.Fill(m.s, *t, 0); err != nil {
-				return nil, err
-			}
+			m.groups = append(m.groups, g)
 		}
-		m.params = append(m.params, p)
-		return p, nil
-	}
-	var err error
-	if m.emb, err = newParam("embed", false, normal(1/math.Sqrt(float64(W))), W*V, H); err != nil {
-		return nil, m.freeAfter(err)
-	}
-	residual := 1 / math.Sqrt(float64(2*cfg.Layers))
-	for l := range cfg.Layers {
-		lay, err := moe.NewLayer(cfg.layerConfig())
+		lay, err := moe.NewLayer(cfg.layerConfig(g, o.Offload))
 		if err != nil {
 			return nil, m.freeAfter(err)
 		}
 		m.layers = append(m.layers, lay)
-		pre := fmt.Sprintf("layer%d.", l)
-		var ps [5]*param
-		for i, spec := range []struct {
-			name  string
-			std   float64
-			shape []int
-		}{
-			{"router", 1 / math.Sqrt(float64(H)), []int{E, H}},
-			{"w1", 1 / math.Sqrt(float64(H)), []int{E, H, 2 * F}},
-			{"w2", residual / math.Sqrt(float64(F)), []int{E, F, H}},
-			{"shared_w1", 1 / math.Sqrt(float64(H)), []int{H, 2 * Fs}},
-			{"shared_w2", residual / math.Sqrt(float64(max(Fs, 1))), []int{Fs, H}},
-		} {
-			if i >= 3 && Fs == 0 {
-				break
-			}
-			if ps[i], err = newParam(pre+spec.name, true, normal(spec.std), spec.shape...); err != nil {
+		if o.Offload != nil {
+			if lay, err = moe.NewLayer(cfg.layerConfig(g, nil)); err != nil {
 				return nil, m.freeAfter(err)
 			}
 		}
-		mp := &moe.Params{Router: ps[0].w, W1: ps[1].w, W2: ps[2].w}
-		mg := &moe.Grads{Router: ps[0].g, W1: ps[1].g, W2: ps[2].g}
-		if Fs > 0 {
-			mp.SharedW1, mp.SharedW2 = ps[3].w, ps[4].w
-			mg.SharedW1, mg.SharedW2 = ps[3].g, ps[4].g
+		m.evalLayers = append(m.evalLayers, lay)
+	}
+	specs := cfg.specs()
+	ndp := 0
+	for _, sp := range specs {
+		if !sp.expert {
+			ndp += numel(sp.full)
+		}
+	}
+	m.dpGrad = m.mem.Alloc(device.F32, ndp)
+	if R > 1 {
+		m.dpRecv = m.mem.Alloc(device.F32, R*ndp)
+	}
+	m.stats = m.mem.Alloc(device.I64, cfg.Layers, cfg.Experts+1)
+	m.epDropped = make([]int64, cfg.Layers)
+	if err := m.mem.Err(); err != nil {
+		return nil, m.freeAfter(err)
+	}
+	for _, t := range []*device.Tensor{m.dpGrad, m.stats} {
+		if err := device.Fill(s, t, 0); err != nil {
+			return nil, m.freeAfter(err)
+		}
+	}
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	dpOff := 0
+	var adam []adamParam
+	for _, sp := range specs {
+		p := &param{name: sp.name, full: sp.full, shape: append([]int(nil), sp.full...), decay: sp.decay, expert: sp.expert}
+		vals := make([]float32, numel(sp.full))
+		if sp.std > 0 {
+			for i := range vals {
+				vals[i] = float32(r.NormFloat64() * sp.std)
+			}
+		}
+		if sp.expert {
+			p.shape[0] /= R
+			n := len(vals) / R
+			vals = vals[rank*n : (rank+1)*n]
+		}
+		var err error
+		if p.w, err = device.FromFloat32(s, device.F32, vals, p.shape...); err != nil {
+			return nil, m.freeAfter(err)
+		}
+		m.mem.Add(p.w)
+		if sp.expert {
+			p.g = m.mem.Alloc(device.F32, p.shape...)
+		} else if p.g, err = m.dpGrad.View(dpOff, p.shape...); err != nil {
+			return nil, m.freeAfter(err)
+		} else {
+			dpOff += len(vals)
+		}
+		p.m, p.v = m.mem.Alloc(device.F32, p.shape...), m.mem.Alloc(device.F32, p.shape...)
+		if sp.compute && o.DType == device.BF16 {
+			p.c = m.mem.Alloc(device.BF16, p.shape...)
+		}
+		if err := m.mem.Err(); err != nil {
+			return nil, m.freeAfter(err)
+		}
+		for _, t := range []*device.Tensor{p.g, p.m, p.v} {
+			if err := device.Fill(s, t, 0); err != nil {
+				return nil, m.freeAfter(err)
+			}
+		}
+		m.params = append(m.params, p)
+		adam = append(adam, adamParam{p: p.w, g: p.g, m: p.m, v: p.v, c: p.c, decay: p.decay})
+	}
+	if err := m.syncCompute(); err != nil {
+		return nil, m.freeAfter(err)
+	}
+	var err error
+	if m.adam, err = newAdamTable(s, adam); err != nil {
+		return nil, m.freeAfter(err)
+	}
+	byName := map[string]*param{}
+	for _, p := range m.params {
+		byName[p.name] = p
+	}
+	m.emb, m.out = byName["embed"], byName["out"]
+	for l := range cfg.Layers {
+		pre := fmt.Sprintf("layer%d.", l)
+		ps := func(name string) *param { return byName[pre+name] }
+		mp := &moe.Params{Router: ps("router").w, W1: ps("w1").cw(), W2: ps("w2").cw()}
+		mg := &moe.Grads{Router: ps("router").g, W1: ps("w1").g, W2: ps("w2").g}
+		if cfg.SharedFFN > 0 {
+			mp.SharedW1, mp.SharedW2 = ps("shared_w1").cw(), ps("shared_w2").cw()
+			mg.SharedW1, mg.SharedW2 = ps("shared_w1").g, ps("shared_w2").g
 		}
 		m.moeP = append(m.moeP, mp)
 		m.moeG = append(m.moeG, mg)
 	}
-	// A zero output layer: the first prediction is uniform, with a loss of ln V.
-	if m.out, err = newParam("out", true, zero, 1, H, V); err != nil {
-		return nil, m.freeAfter(err)
-	}
 	return m, nil
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, v := range shape {
+		n *= v
+	}
+	return n
+}
+
+// syncCompute sets the BF16 copies of the weights from the weights.
+func (m *Model) syncCompute() error {
+	for _, p := range m.params {
+		if p.c != nil {
+			if err := device.Cast(m.s, p.c, p.w); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (m *Model) freeAfter(err error) error {
 	return errors.Join(err, m.Free())
 }
 
-// Free releases the model's tensors.
+// Free releases the model's tensors and closes its expert-parallel groups (together with
+// the other ranks).
 func (m *Model) Free() error {
-	var errs []error
-	for _, p := range m.params {
-		for _, t := range []*device.Tensor{p.w, p.g, p.m, p.v} {
-			if t != nil {
-				errs = append(errs, t.Free())
-			}
-		}
+	errs := []error{m.adam.Free(), m.freeWorkspace(), m.mem.Free()}
+	for _, g := range m.groups {
+		errs = append(errs, g.Close())
 	}
-	m.params = nil
-	errs = append(errs, m.freeWorkspace())
+	m.params, m.groups, m.adam = nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -198,234 +351,26 @@ func (m *Model) freeWorkspace() error {
 		return nil
 	}
 	m.ws = nil
-	ts := []*device.Tensor{ws.tok, ws.sizes, ws.y, ws.logits, ws.dlogits, ws.dh, ws.dxn, ws.trainLoss, ws.evLoss}
-	ts = append(append(append(ts, ws.h...), ws.xn...), ws.rstd...)
-	var errs []error
-	for _, t := range ts {
-		if t != nil {
-			errs = append(errs, t.Free())
-		}
-	}
-	return errors.Join(errs...)
+	return ws.mem.Free()
 }
 
-// workspace returns the activations for batches of B rows, allocating them at the
-// first call or when B changes.
-func (m *Model) workspace(B int) (*workspace, error) {
-	if m.ws != nil && m.ws.B == B {
-		return m.ws, nil
+// mark ends the stage called name of the step being timed, if any.
+func (m *Model) mark(name string) error {
+	if m.tl == nil {
+		return nil
 	}
-	if err := m.freeWorkspace(); err != nil {
-		return nil, err
-	}
-	c := m.Config
-	ws := &workspace{B: B}
-	m.ws = ws
-	s := m.s
-	// The tensors belong to ws: freeWorkspace frees them, also after a failure here.
-	ts := device.NewTemps(s)
-	ws.tok = ts.Alloc(device.I32, B, c.Window+1)
-	ws.sizes = ts.Alloc(device.I32, 1)
-	for range c.Layers + 1 {
-		ws.h = append(ws.h, ts.Alloc(device.F32, B, c.Hidden))
-		ws.xn = append(ws.xn, ts.Alloc(device.F32, B, c.Hidden))
-		ws.rstd = append(ws.rstd, ts.Alloc(device.F32, B))
-	}
-	ws.y = ts.Alloc(device.F32, B, c.Hidden)
-	ws.logits = ts.Alloc(device.F32, B, c.Vocab)
-	ws.dlogits = ts.Alloc(device.F32, B, c.Vocab)
-	ws.dh = ts.Alloc(device.F32, B, c.Hidden)
-	ws.dxn = ts.Alloc(device.F32, B, c.Hidden)
-	ws.trainLoss = ts.Alloc(device.F32, B)
-	ws.evLoss = ts.Alloc(device.F32, B)
-	err := ts.Err()
-	if err == nil {
-		err = device.Upload(s, ws.sizes, []int32{int32(B)})
-	}
-	for _, t := range []*device.Tensor{ws.trainLoss, ws.evLoss} {
-		if err == nil {
-			err = device.Fill(s, t, 0)
-		}
-	}
-	if err != nil {
-		return nil, m.freeAfterWS(err)
-	}
-	return ws, nil
+	return m.tl.mark(m.s, name)
 }
 
-func (m *Model) freeAfterWS(err error) error { return errors.Join(err, m.freeWorkspace()) }
-
-// forward runs the model on the batch in ws.tok and adds each row's loss to loss; with
-// grad it also writes dlogits, the gradient of the batch's mean loss. It returns the
-// MoE layers' activations (to free, or to pass to backward).
-func (m *Model) forward(ws *workspace, loss *device.Tensor, grad bool) ([]*moe.Activations, error) {
-	s, c := m.s, m.Config
-	acts := make([]*moe.Activations, 0, c.Layers)
-	fail := func(err error) ([]*moe.Activations, error) {
-		for _, a := range acts {
-			err = errors.Join(err, a.Free())
-		}
-		return nil, err
-	}
-	if err := embedForward(s, ws.h[0], m.emb.w, ws.tok, c.Window, c.Vocab); err != nil {
-		return fail(err)
-	}
-	for l, lay := range m.layers {
-		if err := rmsForward(s, ws.xn[l], ws.rstd[l], ws.h[l]); err != nil {
-			return fail(err)
-		}
-		act, err := lay.Forward(s, ws.y, ws.xn[l], m.moeP[l])
-		if err != nil {
-			return fail(err)
-		}
-		acts = append(acts, act)
-		if err := add(s, ws.h[l+1], ws.h[l], ws.y); err != nil {
-			return fail(err)
+// paramCounts returns the number of parameters of the model that are not experts, and
+// of those that are, over all ranks.
+func (c ModelConfig) paramCounts() (dense, expert int) {
+	for _, sp := range c.specs() {
+		if sp.expert {
+			expert += numel(sp.full)
+		} else {
+			dense += numel(sp.full)
 		}
 	}
-	L := c.Layers
-	if err := rmsForward(s, ws.xn[L], ws.rstd[L], ws.h[L]); err != nil {
-		return fail(err)
-	}
-	if err := gemm.RaggedDot(s, ws.logits, ws.xn[L], m.out.w, ws.sizes, nil); err != nil {
-		return fail(err)
-	}
-	var dlogits *device.Tensor
-	if grad {
-		dlogits = ws.dlogits
-	}
-	if err := softmaxCE(s, loss, dlogits, ws.logits, ws.tok, c.Window, 1/float32(ws.B)); err != nil {
-		return fail(err)
-	}
-	return acts, nil
-}
-
-// backward computes every parameter's gradient from ws.dlogits and the activations of
-// forward, and frees the activations.
-func (m *Model) backward(ws *workspace, acts []*moe.Activations) error {
-	s, c := m.s, m.Config
-	L := c.Layers
-	err := gemm.RaggedDotWeightGrad(s, m.out.g, ws.xn[L], ws.dlogits, ws.sizes, nil)
-	if err == nil {
-		err = gemm.RaggedDotInputGrad(s, ws.dxn, ws.dlogits, m.out.w, ws.sizes, nil)
-	}
-	if err == nil {
-		err = rmsBackward(s, ws.dh, ws.dxn, ws.xn[L], ws.rstd[L], false)
-	}
-	// Block l: h[l+1] = h[l] + MoE(rmsnorm(h[l])), so dh[l] = dh[l+1] + rmsnorm'(MoE'(dh[l+1])).
-	for l := L - 1; l >= 0 && err == nil; l-- {
-		g := *m.moeG[l]
-		g.X = ws.dxn
-		err = m.layers[l].Backward(s, &g, ws.dh, acts[l])
-		if err == nil {
-			err = rmsBackward(s, ws.dh, ws.dxn, ws.xn[l], ws.rstd[l], true)
-		}
-	}
-	if err == nil {
-		err = embedBackward(s, m.emb.g, ws.dh, ws.tok, c.Window, c.Vocab)
-	}
-	for _, a := range acts {
-		err = errors.Join(err, a.Free())
-	}
-	return err
-}
-
-// update applies one AdamW step with learning rate lr to every parameter; weight decay
-// applies to all but the embeddings.
-func (m *Model) update(h adamHyper, lr float64) error {
-	m.Step++
-	h.LR = lr
-	for _, p := range m.params {
-		wd := 0.0
-		if p.decay {
-			wd = h.WeightDecay
-		}
-		if err := adamw(m.s, p.w, p.g, p.m, p.v, h, wd, m.Step); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// trainStep runs forward, backward and an AdamW step on one batch (tok: B rows of W+1
-// ids, context then target) and returns the MoE layers' routing statistics. The batch's
-// loss is added to the running sum that takeTrainLoss returns.
-func (m *Model) trainStep(tok []int32, h adamHyper, lr float64) ([]moe.Stats, error) {
-	B := len(tok) / (m.Config.Window + 1)
-	ws, err := m.workspace(B)
-	if err != nil {
-		return nil, err
-	}
-	if err := device.Upload(m.s, ws.tok, tok); err != nil {
-		return nil, err
-	}
-	acts, err := m.forward(ws, ws.trainLoss, true)
-	if err != nil {
-		return nil, err
-	}
-	stats := make([]moe.Stats, len(acts))
-	for l, a := range acts {
-		if stats[l], err = a.Stats(m.s); err != nil {
-			for _, a := range acts {
-				a.Free()
-			}
-			return nil, err
-		}
-	}
-	if err := m.backward(ws, acts); err != nil {
-		return nil, err
-	}
-	return stats, m.update(h, lr)
-}
-
-// takeTrainLoss returns the sum of the row losses of the training steps since the last
-// call, and clears it.
-func (m *Model) takeTrainLoss() (float64, error) {
-	if m.ws == nil {
-		return 0, nil
-	}
-	return takeSum(m.s, m.ws.trainLoss)
-}
-
-func takeSum(s *device.Stream, t *device.Tensor) (float64, error) {
-	v, err := t.Float32s(s)
-	if err != nil {
-		return 0, err
-	}
-	sum := 0.0
-	for _, x := range v {
-		sum += float64(x)
-	}
-	return sum, device.Fill(s, t, 0)
-}
-
-// evalLoss returns the mean loss, in nats per token, over the batches (each B rows of
-// W+1 ids), without changing the parameters.
-func (m *Model) evalLoss(batches [][]int32) (float64, error) {
-	rows := 0
-	for _, tok := range batches {
-		B := len(tok) / (m.Config.Window + 1)
-		ws, err := m.workspace(B)
-		if err != nil {
-			return 0, err
-		}
-		if err := device.Upload(m.s, ws.tok, tok); err != nil {
-			return 0, err
-		}
-		acts, err := m.forward(ws, ws.evLoss, false)
-		if err != nil {
-			return 0, err
-		}
-		for _, a := range acts {
-			if err := a.Free(); err != nil {
-				return 0, err
-			}
-		}
-		rows += B
-	}
-	if rows == 0 {
-		return math.NaN(), nil
-	}
-	sum, err := takeSum(m.s, m.ws.evLoss)
-	return sum / float64(rows), err
+	return dense, expert
 }

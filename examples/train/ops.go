@@ -20,62 +20,126 @@ const threads = 256
 // rmsEps is the ε of the RMS normalization.
 const rmsEps = 1e-6
 
-func launch(s *device.Stream, name string, grid device.Dim3, args ...any) error {
+// maxVocab bounds the vocabulary: tr_embed_sort keeps 9 ints per token id in shared
+// memory.
+const maxVocab = 4096
+
+func launch(s *device.Stream, name string, grid device.Dim3, smem int, args ...any) error {
 	k, err := s.Device().Kernel(program, name)
 	if err != nil {
 		return err
 	}
-	return k.Launch(s, grid, device.D1(threads), 0, args...)
+	return k.Launch(s, grid, device.D1(threads), smem, args...)
 }
 
-func checkF32(s *device.Stream, what string, t *device.Tensor, shape ...int) error {
-	if err := t.Check(s, what); err != nil {
-		return err
-	}
-	if t.DType() != device.F32 {
-		return fmt.Errorf("%s: dtype %v, want f32", what, t.DType())
-	}
-	got := t.Shape()
-	ok := len(got) == len(shape)
-	for i := 0; ok && i < len(shape); i++ {
-		ok = got[i] == shape[i]
-	}
-	if !ok {
-		return fmt.Errorf("%s: shape %v, want %v", what, got, shape)
+// computeType returns an error unless dt is a compute dtype of the model: F32 or BF16.
+func computeType(what string, dt device.DType) error {
+	if dt != device.F32 && dt != device.BF16 {
+		return fmt.Errorf("%s is %v, want f32 or bf16", what, dt)
 	}
 	return nil
 }
 
-func checkTokens(s *device.Stream, tok *device.Tensor, B, W int) error {
-	if err := tok.Check(s, "tokens"); err != nil {
+func checkTokens(s *device.Stream, what string, tok *device.Tensor, B, W int) error {
+	if err := tok.CheckShape(s, what, device.I32, B, -1); err != nil {
 		return err
 	}
-	if tok.DType() != device.I32 || tok.Rank() != 2 || tok.Dim(0) != B || tok.Dim(1) <= W {
-		return fmt.Errorf("tokens: %v, want i32 [%d, >%d]", tok, B, W)
+	if tok.Dim(1) <= W {
+		return fmt.Errorf("%s is %v, want i32[%d >%d]", what, tok, B, W)
 	}
 	return nil
 }
 
-// embedForward computes h[b,:] = Σ_{w<W} emb[w·V + tok[b,w], :] for h F32[B,H],
-// emb F32[W·V,H] and tok I32[B,ld] (ld > W; ids outside [0,V) add nothing), on s.
-func embedForward(s *device.Stream, h, emb, tok *device.Tensor, W, V int) error {
+// rowIO reads and writes rows of an F32 or BF16 CPU tensor as float32.
+type rowIO struct {
+	f []float32
+	h []uint16
+}
+
+func rowsOf(t *device.Tensor) rowIO {
+	if t.DType() == device.BF16 {
+		return rowIO{h: device.Slice[uint16](t)}
+	}
+	return rowIO{f: device.Slice[float32](t)}
+}
+
+// load fills dst with the elements at off.
+func (r rowIO) load(dst []float32, off int) {
+	if r.f != nil {
+		copy(dst, r.f[off:])
+		return
+	}
+	for i, v := range r.h[off : off+len(dst)] {
+		dst[i] = device.BF16ToFloat32(v)
+	}
+}
+
+// store writes src, rounded to the tensor's dtype, at off.
+func (r rowIO) store(off int, src []float32) {
+	if r.f != nil {
+		copy(r.f[off:], src)
+		return
+	}
+	for i, v := range src {
+		r.h[off+i] = device.BF16FromFloat32(v)
+	}
+}
+
+// rmsOf returns 1/sqrt(mean(x²) + ε) of a row, summed in order.
+func rmsOf(x []float32) float32 {
+	var ss float32
+	for _, v := range x {
+		ss += v * v
+	}
+	return float32(1 / math.Sqrt(float64(ss/float32(len(x))+rmsEps)))
+}
+
+// normRow writes x·r into buf and stores it in xn at off.
+func normRow(xn rowIO, off int, x, buf []float32, r float32) {
+	for j, v := range x {
+		buf[j] = v * r
+	}
+	xn.store(off, buf)
+}
+
+// embedNorm computes the embedding h[b,:] = Σ_{w<W} emb[w·V + tok[b,w], :] (ids outside
+// [0,V) add nothing) and its RMS norm xn[b,:] = h[b,:]·rstd[b], rstd[b] =
+// 1/sqrt(mean(h[b,:]²) + ε), for h F32[B,H], xn F32 or BF16 [B,H] (rounded once),
+// rstd F32[B], emb F32[W·V,H] and tok I32[B,ld] (ld > W), on s.
+func embedNorm(s *device.Stream, h, xn, rstd, emb, tok *device.Tensor, W, V int) error {
+	if err := h.CheckShape(s, "embedNorm h", device.F32, -1, -1); err != nil {
+		return err
+	}
 	B, H := h.Dim(0), h.Dim(1)
-	if err := checkF32(s, "embedding output", h, B, H); err != nil {
+	if err := computeType("embedNorm xn", xn.DType()); err != nil {
 		return err
 	}
-	if err := checkF32(s, "embedding table", emb, W*V, H); err != nil {
-		return err
+	for _, c := range []struct {
+		what  string
+		t     *device.Tensor
+		dt    device.DType
+		shape []int
+	}{
+		{"embedNorm xn", xn, xn.DType(), []int{B, H}},
+		{"embedNorm rstd", rstd, device.F32, []int{B}},
+		{"embedNorm emb", emb, device.F32, []int{W * V, H}},
+	} {
+		if err := c.t.CheckShape(s, c.what, c.dt, c.shape...); err != nil {
+			return err
+		}
 	}
-	if err := checkTokens(s, tok, B, W); err != nil {
+	if err := checkTokens(s, "embedNorm tok", tok, B, W); err != nil {
 		return err
 	}
 	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_embed_fwd", device.D1(max(B, 1)), h, emb, tok, int32(B), int32(W), int32(ld), int32(V), int32(H))
+		return launch(s, "tr_embed_norm_"+xn.DType().String(), device.D1(max(B, 1)), 0,
+			h, xn, rstd, emb, tok, int32(B), int32(W), int32(ld), int32(V), int32(H), float32(rmsEps))
 	}
 	return s.EnqueueCPU(func() {
-		hv, ev, tv := device.Slice[float32](h), device.Slice[float32](emb), device.Slice[int32](tok)
+		hv, ev, tv, rv, xo := device.Slice[float32](h), device.Slice[float32](emb), device.Slice[int32](tok), device.Slice[float32](rstd), rowsOf(xn)
 		par.For(B, 16, func(lo, hi int) {
+			buf := make([]float32, H)
 			for b := lo; b < hi; b++ {
 				out := hv[b*H : (b+1)*H]
 				clear(out)
@@ -89,27 +153,231 @@ func embedForward(s *device.Stream, h, emb, tok *device.Tensor, W, V int) error 
 						out[j] += x
 					}
 				}
+				rv[b] = rmsOf(out)
+				normRow(xo, b*H, out, buf, rv[b])
 			}
 		})
 	})
 }
 
-// embedBackward computes demb[w·V+v, :] = Σ_{b: tok[b,w]=v} dh[b,:] (in order of b) for
-// demb F32[W·V,H] and dh F32[B,H], on s.
-func embedBackward(s *device.Stream, demb, dh, tok *device.Tensor, W, V int) error {
-	B, H := dh.Dim(0), dh.Dim(1)
-	if err := checkF32(s, "embedding gradient", demb, W*V, H); err != nil {
+// addNorm computes the residual add ho = hi + y and its RMS norm, xn[b,:] =
+// ho[b,:]·rstd[b] as embedNorm's, for ho, hi F32[B,H], y and xn of one dtype (F32 or
+// BF16) [B,H] and rstd F32[B], on s. ho must not alias hi or y.
+func addNorm(s *device.Stream, ho, xn, rstd, hi, y *device.Tensor) error {
+	if err := hi.CheckShape(s, "addNorm hi", device.F32, -1, -1); err != nil {
 		return err
 	}
-	if err := checkF32(s, "embedding output gradient", dh, B, H); err != nil {
+	B, H := hi.Dim(0), hi.Dim(1)
+	dt := y.DType()
+	if err := computeType("addNorm y", dt); err != nil {
 		return err
 	}
-	if err := checkTokens(s, tok, B, W); err != nil {
+	for _, c := range []struct {
+		what string
+		t    *device.Tensor
+		dt   device.DType
+	}{{"addNorm ho", ho, device.F32}, {"addNorm y", y, dt}, {"addNorm xn", xn, dt}} {
+		if err := c.t.CheckShape(s, c.what, c.dt, B, H); err != nil {
+			return err
+		}
+	}
+	if err := rstd.CheckShape(s, "addNorm rstd", device.F32, B); err != nil {
+		return err
+	}
+	if s.Device().IsCUDA() {
+		return launch(s, "tr_add_norm_"+dt.String(), device.D1(max(B, 1)), 0, ho, xn, rstd, hi, y, int32(B), int32(H), float32(rmsEps))
+	}
+	return s.EnqueueCPU(func() {
+		ov, iv, rv, yi, xo := device.Slice[float32](ho), device.Slice[float32](hi), device.Slice[float32](rstd), rowsOf(y), rowsOf(xn)
+		par.For(B, 16, func(lo, hi int) {
+			yb, buf := make([]float32, H), make([]float32, H)
+			for b := lo; b < hi; b++ {
+				out := ov[b*H : (b+1)*H]
+				yi.load(yb, b*H)
+				for j, v := range iv[b*H : (b+1)*H] {
+					out[j] = v + yb[j]
+				}
+				rv[b] = rmsOf(out)
+				normRow(xo, b*H, out, buf, rv[b])
+			}
+		})
+	})
+}
+
+// normBackward computes the gradient of the RMS norm of x F32[B,H] whose 1/rms is
+// rstd F32[B]: with xn = x·rstd, v[b,:] = rstd[b]·(dxn[b,:] − xn[b,:]·mean(dxn[b,:]·xn[b,:]))
+// for dxn F32 or BF16 [B,H]; dx F32[B,H] = v, or dx += v when accumulate. When dxc (of
+// dxn's dtype, [B,H]) is not nil it receives dx rounded to its dtype, on s.
+func normBackward(s *device.Stream, dx, dxc, dxn, x, rstd *device.Tensor, accumulate bool) error {
+	if err := x.CheckShape(s, "normBackward x", device.F32, -1, -1); err != nil {
+		return err
+	}
+	B, H := x.Dim(0), x.Dim(1)
+	dt := dxn.DType()
+	if err := computeType("normBackward dxn", dt); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		what string
+		t    *device.Tensor
+		dt   device.DType
+	}{{"normBackward dx", dx, device.F32}, {"normBackward dxn", dxn, dt}} {
+		if err := c.t.CheckShape(s, c.what, c.dt, B, H); err != nil {
+			return err
+		}
+	}
+	if dxc != nil {
+		if err := dxc.CheckShape(s, "normBackward dxc", dt, B, H); err != nil {
+			return err
+		}
+	}
+	if err := rstd.CheckShape(s, "normBackward rstd", device.F32, B); err != nil {
+		return err
+	}
+	if s.Device().IsCUDA() {
+		return launch(s, "tr_norm_bwd_"+dt.String(), device.D1(max(B, 1)), 0, dx, dxc, dxn, x, rstd, int32(B), int32(H), accumulate)
+	}
+	return s.EnqueueCPU(func() {
+		ov, xv, rv, gi := device.Slice[float32](dx), device.Slice[float32](x), device.Slice[float32](rstd), rowsOf(dxn)
+		var co rowIO
+		if dxc != nil {
+			co = rowsOf(dxc)
+		}
+		par.For(B, 16, func(lo, hi int) {
+			g := make([]float32, H)
+			for b := lo; b < hi; b++ {
+				gi.load(g, b*H)
+				xr, o, r := xv[b*H:(b+1)*H], ov[b*H:(b+1)*H], rv[b]
+				var dot float32
+				for j := range g {
+					dot += g[j] * (xr[j] * r)
+				}
+				mean := dot / float32(H)
+				for j := range g {
+					v := r * (g[j] - (xr[j]*r)*mean)
+					if accumulate {
+						o[j] += v
+					} else {
+						o[j] = v
+					}
+				}
+				if dxc != nil {
+					co.store(b*H, o)
+				}
+			}
+		})
+	})
+}
+
+// softmaxCE adds each row's cross-entropy log Σ exp(logits[b,:]) − logits[b,target] to
+// loss F32[B], the target of row b being tok[b,col], for logits F32[B,V]; with dlogits
+// (F32 or BF16 [B,V], or nil) it also writes the gradient (softmax − onehot(target))·scale,
+// rounded once. A target outside [0,V) adds nothing and gets a zero gradient. On s.
+func softmaxCE(s *device.Stream, loss, dlogits, logits, tok *device.Tensor, col int, scale float32) error {
+	if err := logits.CheckShape(s, "softmaxCE logits", device.F32, -1, -1); err != nil {
+		return err
+	}
+	B, V := logits.Dim(0), logits.Dim(1)
+	if err := loss.CheckShape(s, "softmaxCE loss", device.F32, B); err != nil {
+		return err
+	}
+	dt := device.F32
+	if dlogits != nil {
+		dt = dlogits.DType()
+		if err := computeType("softmaxCE dlogits", dt); err != nil {
+			return err
+		}
+		if err := dlogits.CheckShape(s, "softmaxCE dlogits", dt, B, V); err != nil {
+			return err
+		}
+	}
+	if err := checkTokens(s, "softmaxCE tok", tok, B, col); err != nil {
 		return err
 	}
 	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_embed_bwd", device.Dim3{X: V, Y: W, Z: 1}, demb, dh, tok, int32(B), int32(W), int32(ld), int32(V), int32(H))
+		// A warp per row; a nil dlogits is a null pointer: no gradient.
+		return launch(s, "tr_softmax_ce_"+dt.String(), device.D1(max((B+threads/32-1)/(threads/32), 1)), 0,
+			loss, dlogits, logits, tok, int32(B), int32(V), int32(ld), int32(col), scale)
+	}
+	return s.EnqueueCPU(func() {
+		lv, zv, tv := device.Slice[float32](loss), device.Slice[float32](logits), device.Slice[int32](tok)
+		var do rowIO
+		if dlogits != nil {
+			do = rowsOf(dlogits)
+		}
+		par.For(B, 16, func(lo, hi int) {
+			d := make([]float32, V)
+			for b := lo; b < hi; b++ {
+				z := zv[b*V : (b+1)*V]
+				t := int(tv[b*ld+col])
+				valid := t >= 0 && t < V
+				m := float32(math.Inf(-1))
+				for _, v := range z {
+					m = max(m, v)
+				}
+				var se float32
+				for j, v := range z {
+					d[j] = float32(math.Exp(float64(v - m)))
+					se += d[j]
+				}
+				if valid {
+					lv[b] += float32(math.Log(float64(se))) + m - z[t]
+				}
+				if dlogits == nil {
+					continue
+				}
+				inv := 1 / se
+				for j := range z {
+					p := float32(0)
+					if valid {
+						p = d[j] * inv
+					}
+					if j == t {
+						p--
+					}
+					d[j] = p * scale
+				}
+				do.store(b*V, d)
+			}
+		})
+	})
+}
+
+// embedBackward computes the embedding table's gradient demb[w·V+v, :] = Σ_{b: tok[b,w]=v}
+// dh[b,:], in increasing b, for demb F32[W·V,H] and dh F32[B,H], on s. On a GPU it first
+// groups each position's rows by token (a stable counting sort) into perm I32[W,B] and
+// offs I32[W,V+1], scratch that the CPU does not use.
+func embedBackward(s *device.Stream, demb, dh, tok, perm, offs *device.Tensor, W, V int) error {
+	if err := dh.CheckShape(s, "embedBackward dh", device.F32, -1, -1); err != nil {
+		return err
+	}
+	B, H := dh.Dim(0), dh.Dim(1)
+	if err := demb.CheckShape(s, "embedBackward demb", device.F32, W*V, H); err != nil {
+		return err
+	}
+	if err := checkTokens(s, "embedBackward tok", tok, B, W); err != nil {
+		return err
+	}
+	if V > maxVocab {
+		return fmt.Errorf("embedBackward: vocabulary of %d, want at most %d", V, maxVocab)
+	}
+	ld := tok.Dim(1)
+	if s.Device().IsCUDA() {
+		if err := perm.CheckShape(s, "embedBackward perm", device.I32, W, B); err != nil {
+			return err
+		}
+		if err := offs.CheckShape(s, "embedBackward offs", device.I32, W, V+1); err != nil {
+			return err
+		}
+		if W*V == 0 || H == 0 {
+			return nil
+		}
+		if err := launch(s, "tr_embed_sort", device.D1(W), (9*V+1)*4, perm, offs, tok, int32(B), int32(ld), int32(V)); err != nil {
+			return err
+		}
+		return launch(s, "tr_embed_bwd", device.Dim3{X: W * V, Y: (H + threads - 1) / threads, Z: 1}, 0,
+			demb, dh, perm, offs, int32(B), int32(V), int32(H))
 	}
 	return s.EnqueueCPU(func() {
 		dv, gv, tv := device.Slice[float32](demb), device.Slice[float32](dh), device.Slice[int32](tok)
@@ -130,219 +398,59 @@ func embedBackward(s *device.Stream, demb, dh, tok *device.Tensor, W, V int) err
 	})
 }
 
-// rmsForward computes xn[b,:] = x[b,:]·rstd[b], rstd[b] = 1/sqrt(mean(x[b,:]²) + ε), for
-// x, xn F32[B,H] and rstd F32[B], on s.
-func rmsForward(s *device.Stream, xn, rstd, x *device.Tensor) error {
-	B, H := x.Dim(0), x.Dim(1)
-	if err := checkF32(s, "norm input", x, B, H); err != nil {
+// rankSum computes out[i] = Σ_r in[r·n + i] over the R ranks' vectors gathered side by
+// side, in rank order, for out F32[n] and in F32[R·n], on s. out must not alias in.
+func rankSum(s *device.Stream, out, in *device.Tensor, R int) error {
+	if err := out.CheckShape(s, "rankSum out", device.F32, -1); err != nil {
 		return err
 	}
-	if err := checkF32(s, "norm output", xn, B, H); err != nil {
-		return err
-	}
-	if err := checkF32(s, "norm rstd", rstd, B); err != nil {
-		return err
-	}
-	if s.Device().IsCUDA() {
-		return launch(s, "tr_rms_fwd", device.D1(max(B, 1)), xn, rstd, x, int32(B), int32(H), float32(rmsEps))
-	}
-	return s.EnqueueCPU(func() {
-		xv, yv, rv := device.Slice[float32](x), device.Slice[float32](xn), device.Slice[float32](rstd)
-		par.For(B, 16, func(lo, hi int) {
-			for b := lo; b < hi; b++ {
-				row := xv[b*H : (b+1)*H]
-				var ss float32
-				for _, v := range row {
-					ss += v * v
-				}
-				r := float32(1 / math.Sqrt(float64(ss/float32(H)+rmsEps)))
-				for j, v := range row {
-					yv[b*H+j] = v * r
-				}
-				rv[b] = r
-			}
-		})
-	})
-}
-
-// rmsBackward computes the gradient of rmsForward, dx[b,:] = rstd[b]·(dxn[b,:] −
-// xn[b,:]·mean(dxn[b,:]·xn[b,:])), into dx F32[B,H] or, when accumulate, added to it, on s.
-func rmsBackward(s *device.Stream, dx, dxn, xn, rstd *device.Tensor, accumulate bool) error {
-	B, H := xn.Dim(0), xn.Dim(1)
-	for _, c := range []struct {
-		what string
-		t    *device.Tensor
-	}{{"norm input gradient", dx}, {"norm output gradient", dxn}, {"norm output", xn}} {
-		if err := checkF32(s, c.what, c.t, B, H); err != nil {
-			return err
-		}
-	}
-	if err := checkF32(s, "norm rstd", rstd, B); err != nil {
-		return err
-	}
-	if s.Device().IsCUDA() {
-		return launch(s, "tr_rms_bwd", device.D1(max(B, 1)), dx, dxn, xn, rstd, int32(B), int32(H), accumulate)
-	}
-	return s.EnqueueCPU(func() {
-		ov, gv, yv, rv := device.Slice[float32](dx), device.Slice[float32](dxn), device.Slice[float32](xn), device.Slice[float32](rstd)
-		par.For(B, 16, func(lo, hi int) {
-			for b := lo; b < hi; b++ {
-				g, y, o := gv[b*H:(b+1)*H], yv[b*H:(b+1)*H], ov[b*H:(b+1)*H]
-				var dot float32
-				for j := range g {
-					dot += g[j] * y[j]
-				}
-				mean, r := dot/float32(H), rv[b]
-				for j := range g {
-					v := r * (g[j] - y[j]*mean)
-					if accumulate {
-						o[j] += v
-					} else {
-						o[j] = v
-					}
-				}
-			}
-		})
-	})
-}
-
-// add computes out = a + b elementwise for three F32 tensors of one length (out may be
-// a or b), on s.
-func add(s *device.Stream, out, a, b *device.Tensor) error {
 	n := out.Len()
-	for _, c := range []struct {
-		what string
-		t    *device.Tensor
-	}{{"sum", out}, {"addend a", a}, {"addend b", b}} {
-		if err := checkF32(s, c.what, c.t, c.t.Shape()...); err != nil {
-			return err
-		}
-		if c.t.Len() != n {
-			return fmt.Errorf("%s: %d elements, want %d", c.what, c.t.Len(), n)
-		}
+	if err := in.CheckShape(s, "rankSum in", device.F32, R*n); err != nil {
+		return err
 	}
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_add", device.D1(max(min((n+threads-1)/threads, 4096), 1)), out, a, b, int64(n))
+		return launch(s, "tr_rank_sum", device.D1(max(min((n+threads-1)/threads, 8192), 1)), 0, out, in, int64(n), int32(R))
 	}
 	return s.EnqueueCPU(func() {
-		ov, av, bv := device.Slice[float32](out), device.Slice[float32](a), device.Slice[float32](b)
+		ov, iv := device.Slice[float32](out), device.Slice[float32](in)
 		par.For(n, 1<<14, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
-				ov[i] = av[i] + bv[i]
+				var sum float32
+				for r := range R {
+					sum += iv[r*n+i]
+				}
+				ov[i] = sum
 			}
 		})
 	})
 }
 
-// softmaxCE adds each row's cross-entropy log Σ exp(logits[b,:]) − logits[b,target] to
-// loss F32[B], the target of row b being tok[b,col]; with dlogits (F32[B,V], or nil)
-// it also writes the gradient (softmax − onehot(target))·scale. A target outside
-// [0,V) adds nothing and gets a zero gradient. On s.
-func softmaxCE(s *device.Stream, loss, dlogits, logits, tok *device.Tensor, col int, scale float32) error {
-	B, V := logits.Dim(0), logits.Dim(1)
-	if err := checkF32(s, "logits", logits, B, V); err != nil {
+// statsAdd adds a step's routing statistics to the running ones: acc[e] += load[e] for
+// acc I64[E+1] and load I32[E], and acc[E] += dropped[0] for dropped I32[1] (nil: none),
+// on s.
+func statsAdd(s *device.Stream, acc, load, dropped *device.Tensor) error {
+	if err := load.CheckShape(s, "statsAdd load", device.I32, -1); err != nil {
 		return err
 	}
-	if err := checkF32(s, "loss", loss, B); err != nil {
+	E := load.Len()
+	if err := acc.CheckShape(s, "statsAdd acc", device.I64, E+1); err != nil {
 		return err
 	}
-	if dlogits != nil {
-		if err := checkF32(s, "logits gradient", dlogits, B, V); err != nil {
+	if dropped != nil {
+		if err := dropped.CheckShape(s, "statsAdd dropped", device.I32, 1); err != nil {
 			return err
 		}
 	}
-	if err := checkTokens(s, tok, B, col); err != nil {
-		return err
-	}
-	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		// A nil dlogits is a null pointer: no gradient.
-		return launch(s, "tr_softmax_ce", device.D1(max(B, 1)), loss, dlogits, logits, tok, int32(B), int32(V), int32(ld), int32(col), scale)
+		return launch(s, "tr_stats_add", device.D1(1), 0, acc, load, dropped, int32(E))
 	}
 	return s.EnqueueCPU(func() {
-		lv, zv, tv := device.Slice[float32](loss), device.Slice[float32](logits), device.Slice[int32](tok)
-		var dv []float32
-		if dlogits != nil {
-			dv = device.Slice[float32](dlogits)
+		av, lv := device.Slice[int64](acc), device.Slice[int32](load)
+		for e, n := range lv {
+			av[e] += int64(n)
 		}
-		par.For(B, 16, func(lo, hi int) {
-			for b := lo; b < hi; b++ {
-				z := zv[b*V : (b+1)*V]
-				t := int(tv[b*ld+col])
-				valid := t >= 0 && t < V
-				m := float32(math.Inf(-1))
-				for _, v := range z {
-					m = max(m, v)
-				}
-				var se float32
-				for _, v := range z {
-					se += float32(math.Exp(float64(v - m)))
-				}
-				if valid {
-					lv[b] += float32(math.Log(float64(se))) + m - z[t]
-				}
-				if dv == nil {
-					continue
-				}
-				d := dv[b*V : (b+1)*V]
-				for j, v := range z {
-					p := float32(0)
-					if valid {
-						p = float32(math.Exp(float64(v-m))) / se
-					}
-					if j == t {
-						p--
-					}
-					d[j] = p * scale
-				}
-			}
-		})
-	})
-}
-
-// adamHyper are AdamW's hyperparameters.
-type adamHyper struct {
-	LR, Beta1, Beta2, Eps, WeightDecay float64
-}
-
-// adamw applies AdamW step t (1, 2, ...) to the F32 parameters p with gradients g and
-// moments m, v (all of one length): decoupled weight decay p·(1 − lr·wd) and the
-// bias-corrected Adam update, on s.
-func adamw(s *device.Stream, p, g, m, v *device.Tensor, h adamHyper, wd float64, t int) error {
-	n := p.Len()
-	for _, c := range []struct {
-		what string
-		t    *device.Tensor
-	}{{"parameter", p}, {"gradient", g}, {"first moment", m}, {"second moment", v}} {
-		if err := checkF32(s, c.what, c.t, c.t.Shape()...); err != nil {
-			return err
+		if dropped != nil {
+			av[E] += int64(device.Slice[int32](dropped)[0])
 		}
-		if c.t.Len() != n {
-			return fmt.Errorf("adamw %s: %d elements, want %d", c.what, c.t.Len(), n)
-		}
-	}
-	if t < 1 {
-		return fmt.Errorf("adamw: step %d, want ≥ 1", t)
-	}
-	c1 := 1 / (1 - math.Pow(h.Beta1, float64(t)))
-	c2 := 1 / (1 - math.Pow(h.Beta2, float64(t)))
-	lr, b1, b2, eps := float32(h.LR), float32(h.Beta1), float32(h.Beta2), float32(h.Eps)
-	decay := float32(1 - h.LR*wd)
-	if s.Device().IsCUDA() {
-		return launch(s, "tr_adamw", device.D1(max(min((n+threads-1)/threads, 8192), 1)), p, g, m, v, int64(n),
-			lr, b1, b2, eps, decay, float32(c1), float32(c2))
-	}
-	fc1, fc2 := float32(c1), float32(c2)
-	return s.EnqueueCPU(func() {
-		pv, gv, mv, vv := device.Slice[float32](p), device.Slice[float32](g), device.Slice[float32](m), device.Slice[float32](v)
-		par.For(n, 1<<14, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				gi := gv[i]
-				mi := b1*mv[i] + (1-b1)*gi
-				vi := b2*vv[i] + (1-b2)*gi*gi
-				mv[i], vv[i] = mi, vi
-				pv[i] = pv[i]*decay - lr*(mi*fc1)/(float32(math.Sqrt(float64(vi*fc2)))+eps)
-			}
-		})
 	})
 }

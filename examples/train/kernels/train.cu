@@ -1,160 +1,293 @@
 // Kernels of the training example: the dense parts of the model around the MoE layers.
-// All tensors are f32, row-major; token ids are int32. Sums have a fixed order, so results
-// do not change from run to run.
+// Row-major tensors; the residual stream, norms' statistics, logits and optimizer state
+// are f32; the inputs of the MoE layers and of the output projection, and the gradients
+// that flow into them, are of the compute type T (f32 or bf16: kernels named _f32 and
+// _bf16). Token ids are int32. Every sum has a fixed order (no atomics on floats), so
+// results do not change from run to run.
 
 #include "dl.cuh"
 
-// Sum of v over the block, returned to every thread, in a fixed order. blockDim.x is a
-// multiple of 32, at most 1024; every thread of the block calls it.
-__device__ float tr_block_sum(float v) {
-    __shared__ float red[32];
-    v = dl_warp_sum(v);
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) red[wid] = v;
-    __syncthreads();
-    float r = 0.f;
-    for (int i = 0; i < nw; i++) r += red[i];
-    return r;
-}
+__device__ __forceinline__ float tr_ld(const float *p) { return *p; }
+__device__ __forceinline__ float tr_ld(const u16 *p) { return dl_bf16_to_f32(*p); }
+__device__ __forceinline__ void tr_st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void tr_st(u16 *p, float v) { *p = dl_f32_to_bf16(v); }
 
-// Maximum of v over the block, as tr_block_sum.
-__device__ float tr_block_max(float v) {
+// One block of 256 threads per row b: h[b, :] = sum over w < W of emb[w*V + tok[b*ld + w], :]
+// (ids outside [0, V) add nothing), then its RMS norm without a scale: rstd[b] =
+// 1/sqrt(mean(h[b, :]²) + eps) and xn[b, :] = T(h[b, :]·rstd[b]).
+template <typename T>
+__device__ void tr_embed_norm(float *__restrict__ h, T *__restrict__ xn, float *__restrict__ rstd,
+                              const float *__restrict__ emb, const int *__restrict__ tok, int B, int W,
+                              int ld, int V, int H, float eps) {
     __shared__ float red[32];
-    v = dl_warp_max(v);
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) red[wid] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);
-    return r;
-}
-
-// h[b, :] = sum over w < W of emb[w*V + tok[b*ld + w], :], for h [B, H], emb [W*V, H] and
-// tok [B, ld] (ld > W). Ids outside [0, V) add nothing. One block per row b.
-extern "C" __global__ void tr_embed_fwd(float *__restrict__ h, const float *__restrict__ emb,
-                                        const int *__restrict__ tok, int B, int W, int ld, int V, int H) {
     int b = blockIdx.x;
     if (b >= B) return;
     const int *tb = tok + (i64)b * ld;
+    float *hr = h + (i64)b * H;
+    float ss = 0.f;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
         float acc = 0.f;
         for (int w = 0; w < W; w++) {
             int v = tb[w];
             if (v >= 0 && v < V) acc += emb[((i64)w * V + v) * H + j];
         }
-        h[(i64)b * H + j] = acc;
+        hr[j] = acc;
+        ss += acc * acc;
     }
-}
-
-// demb[w*V + v, :] = sum over rows b with tok[b*ld + w] == v of dh[b, :], in order of b,
-// for demb [W*V, H], dh [B, H]. Grid (V, W): one block of 256 threads per embedding row;
-// the block stages the ids of column w in shared memory, 256 rows at a time.
-extern "C" __global__ void __launch_bounds__(256) tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh,
-                                        const int *__restrict__ tok, int B, int W, int ld, int V, int H) {
-    __shared__ int ids[256];
-    int v = blockIdx.x, w = blockIdx.y;
-    if (v >= V || w >= W || blockDim.x != 256) return;
-    float *out = demb + ((i64)w * V + v) * H;
-    for (int j0 = 0; j0 < H; j0 += 256) {
-        int j = j0 + threadIdx.x;
-        float acc = 0.f;
-        for (int b0 = 0; b0 < B; b0 += 256) {
-            int n = min(B - b0, 256);
-            __syncthreads();
-            if (threadIdx.x < n) ids[threadIdx.x] = tok[(i64)(b0 + threadIdx.x) * ld + w];
-            __syncthreads();
-            if (j < H)
-                for (int i = 0; i < n; i++)
-                    if (ids[i] == v) acc += dh[(i64)(b0 + i) * H + j];
-        }
-        if (j < H) out[j] = acc;
-    }
-}
-
-// RMS normalization without a scale: xn[b, :] = x[b, :]·rstd[b], rstd[b] =
-// 1/sqrt(mean(x[b, :]²) + eps), for x, xn [B, H]. One block per row.
-extern "C" __global__ void tr_rms_fwd(float *__restrict__ xn, float *__restrict__ rstd,
-                                      const float *__restrict__ x, int B, int H, float eps) {
-    int b = blockIdx.x;
-    if (b >= B) return;
-    const float *xr = x + (i64)b * H;
-    float ss = 0.f;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) ss += xr[j] * xr[j];
-    ss = tr_block_sum(ss);
-    float r = rsqrtf(ss / (float)H + eps);
-    for (int j = threadIdx.x; j < H; j += blockDim.x) xn[(i64)b * H + j] = xr[j] * r;
+    ss = dl_block_sum(ss, red);
+    float r = 1.f / sqrtf(ss / (float)H + eps);
+    for (int j = threadIdx.x; j < H; j += blockDim.x) tr_st(&xn[(i64)b * H + j], hr[j] * r);
     if (threadIdx.x == 0) rstd[b] = r;
 }
 
-// Gradient of tr_rms_fwd: dx[b, :] (+)= rstd[b]·(dxn[b, :] − xn[b, :]·mean(dxn[b, :]·xn[b, :])),
-// added to dx when accumulate is nonzero. One block per row.
-extern "C" __global__ void tr_rms_bwd(float *__restrict__ dx, const float *__restrict__ dxn,
-                                      const float *__restrict__ xn, const float *__restrict__ rstd,
-                                      int B, int H, int accumulate) {
+// One block per row b: ho[b, :] = hi[b, :] + y[b, :], the residual add of a block, then
+// its RMS norm as tr_embed_norm's. ho must not alias hi or y.
+template <typename T>
+__device__ void tr_add_norm(float *__restrict__ ho, T *__restrict__ xn, float *__restrict__ rstd,
+                            const float *__restrict__ hi, const T *__restrict__ y, int B, int H, float eps) {
+    __shared__ float red[32];
     int b = blockIdx.x;
     if (b >= B) return;
-    const float *g = dxn + (i64)b * H, *y = xn + (i64)b * H;
-    float dot = 0.f;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) dot += g[j] * y[j];
-    float mean = tr_block_sum(dot) / (float)H;
-    float r = rstd[b];
-    float *o = dx + (i64)b * H;
+    i64 o = (i64)b * H;
+    float ss = 0.f;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
-        float v = r * (g[j] - y[j] * mean);
-        o[j] = accumulate ? o[j] + v : v;
+        float v = hi[o + j] + tr_ld(&y[o + j]);
+        ho[o + j] = v;
+        ss += v * v;
+    }
+    ss = dl_block_sum(ss, red);
+    float r = 1.f / sqrtf(ss / (float)H + eps);
+    for (int j = threadIdx.x; j < H; j += blockDim.x) tr_st(&xn[o + j], ho[o + j] * r);
+    if (threadIdx.x == 0) rstd[b] = r;
+}
+
+// Gradient of the RMS norm of x (f32 [B, H]) with 1/rms rstd: with xn = x·rstd
+// (recomputed as the forward computed it), v = rstd·(dxn − xn·mean(dxn·xn)); dx = v, or
+// dx += v when accumulate; when dxc is not null it also receives T(dx), the copy the
+// next MoE layer's backward reads. One block per row.
+template <typename T>
+__device__ void tr_norm_bwd(float *__restrict__ dx, T *__restrict__ dxc, const T *__restrict__ dxn,
+                            const float *__restrict__ x, const float *__restrict__ rstd, int B, int H,
+                            int accumulate) {
+    __shared__ float red[32];
+    int b = blockIdx.x;
+    if (b >= B) return;
+    i64 o = (i64)b * H;
+    float r = rstd[b];
+    float dot = 0.f;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) dot += tr_ld(&dxn[o + j]) * (x[o + j] * r);
+    float mean = dl_block_sum(dot, red) / (float)H;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float v = r * (tr_ld(&dxn[o + j]) - (x[o + j] * r) * mean);
+        float d = accumulate ? dx[o + j] + v : v;
+        dx[o + j] = d;
+        if (dxc != 0) tr_st(&dxc[o + j], d);
     }
 }
 
-// out[i] = a[i] + b[i] for i < n (out may be a or b).
-extern "C" __global__ void tr_add(float *out, const float *a, const float *b, i64 n) {
-    i64 stride = (i64)gridDim.x * blockDim.x;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = a[i] + b[i];
-}
-
-// Softmax cross-entropy of logits [B, V] against targets tok[b*ld + col]:
-// loss[b] += log Σ exp(logits[b, :]) − logits[b, target]; when dlogits is not null,
-// dlogits[b, :] = (softmax(logits[b, :]) − onehot(target))·scale. A target outside
-// [0, V) adds nothing and gets a zero gradient. One block per row.
-extern "C" __global__ void tr_softmax_ce(float *__restrict__ loss, float *__restrict__ dlogits,
-                                         const float *__restrict__ logits, const int *__restrict__ tok,
-                                         int B, int V, int ld, int col, float scale) {
-    int b = blockIdx.x;
-    if (b >= B) return;
+// Softmax cross-entropy of logits (f32 [B, V]) against targets tok[b*ld + col], one warp
+// per row: loss[b] += log Σ exp(logits[b, :]) − logits[b, target]; when dlogits is not
+// null, dlogits[b, :] = T((softmax(logits[b, :]) − onehot(target))·scale). A target
+// outside [0, V) adds nothing and gets a zero gradient.
+template <typename T>
+__device__ void tr_softmax_ce(float *__restrict__ loss, T *__restrict__ dlogits, const float *__restrict__ logits,
+                              const int *__restrict__ tok, int B, int V, int ld, int col, float scale) {
+    int b = (int)(((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (b >= B) return; // whole warps leave together
     const float *z = logits + (i64)b * V;
     int t = tok[(i64)b * ld + col];
     bool valid = t >= 0 && t < V;
     float m = __uint_as_float(0xff800000u); // -inf
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, z[j]);
-    m = tr_block_max(m);
+    for (int j = lane; j < V; j += 32) m = fmaxf(m, z[j]);
+    m = dl_warp_max(m);
     float se = 0.f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) se += expf(z[j] - m);
-    se = tr_block_sum(se);
-    if (threadIdx.x == 0 && valid) loss[b] += logf(se) + m - z[t];
-    if (dlogits != 0) {
-        float inv = 1.f / se;
-        float *d = dlogits + (i64)b * V;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            float p = valid ? expf(z[j] - m) * inv : 0.f;
-            d[j] = (p - (j == t ? 1.f : 0.f)) * scale;
+    for (int j = lane; j < V; j += 32) se += expf(z[j] - m);
+    se = dl_warp_sum(se);
+    if (lane == 0 && valid) loss[b] += logf(se) + m - z[t];
+    if (dlogits == 0) return;
+    float inv = 1.f / se;
+    T *d = dlogits + (i64)b * V;
+    for (int j = lane; j < V; j += 32) {
+        float p = valid ? expf(z[j] - m) * inv : 0.f;
+        tr_st(&d[j], (p - (j == t ? 1.f : 0.f)) * scale);
+    }
+}
+
+#define TR_TYPED(NAME, T)                                                                                      \
+    extern "C" __global__ void tr_embed_norm_##NAME(float *h, T *xn, float *rstd, const float *emb,            \
+                                                    const int *tok, int B, int W, int ld, int V, int H,        \
+                                                    float eps) {                                               \
+        tr_embed_norm<T>(h, xn, rstd, emb, tok, B, W, ld, V, H, eps);                                          \
+    }                                                                                                          \
+    extern "C" __global__ void tr_add_norm_##NAME(float *ho, T *xn, float *rstd, const float *hi, const T *y, \
+                                                  int B, int H, float eps) {                                   \
+        tr_add_norm<T>(ho, xn, rstd, hi, y, B, H, eps);                                                        \
+    }                                                                                                          \
+    extern "C" __global__ void tr_norm_bwd_##NAME(float *dx, T *dxc, const T *dxn, const float *x,             \
+                                                  const float *rstd, int B, int H, int accumulate) {           \
+        tr_norm_bwd<T>(dx, dxc, dxn, x, rstd, B, H, accumulate);                                               \
+    }                                                                                                          \
+    extern "C" __global__ void tr_softmax_ce_##NAME(float *loss, T *dlogits, const float *logits,              \
+                                                    const int *tok, int B, int V, int ld, int col,             \
+                                                    float scale) {                                             \
+        tr_softmax_ce<T>(loss, dlogits, logits, tok, B, V, ld, col, scale);                                    \
+    }
+
+TR_TYPED(f32, float)
+TR_TYPED(bf16, u16)
+
+// The rows of each embedding position, grouped by token: one block of 256 threads per
+// position w. perm[w*B + i], i in [offs[w*(V+1) + v], offs[w*(V+1) + v + 1]), are the
+// rows b with tok[b*ld + w] == v, in increasing b (a stable counting sort; ids outside
+// [0, V) are left out). Dynamic shared memory: (9*V + 1) ints.
+extern "C" __global__ void __launch_bounds__(256) tr_embed_sort(int *__restrict__ perm, int *__restrict__ offs,
+                                                                const int *__restrict__ tok, int B, int ld, int V) {
+    extern __shared__ int tr_sm[];
+    int *base = tr_sm;         // [V+1]: next free place of each token's rows
+    int *cnt = tr_sm + V + 1;  // [8][V]: a tile's rows of each token, per warp
+    int w = blockIdx.x, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    if (blockDim.x != 256) return;
+    for (int v = tid; v <= V; v += 256) base[v] = 0;
+    __syncthreads();
+    for (int b = tid; b < B; b += 256) {
+        int v = tok[(i64)b * ld + w];
+        if (v >= 0 && v < V) atomicAdd(&base[v], 1); // integer counts: any order gives the same
+    }
+    __syncthreads();
+    // Exclusive scan of base[0, V) by warp 0: each lane scans a contiguous run.
+    if (wid == 0) {
+        int per = (V + 31) / 32, lo = min(lane * per, V), hi = min(lo + per, V);
+        int run = 0;
+        for (int v = lo; v < hi; v++) run += base[v];
+        int incl = run;
+        for (int o = 1; o < 32; o <<= 1) {
+            int u = __shfl_up_sync(DL_FULL, incl, o);
+            if (lane >= o) incl += u;
+        }
+        int acc = incl - run;
+        for (int v = lo; v < hi; v++) {
+            int c = base[v];
+            base[v] = acc;
+            acc += c;
+        }
+        if (lane == 31) base[V] = incl;
+    }
+    __syncthreads();
+    int *ow = offs + (i64)w * (V + 1);
+    for (int v = tid; v <= V; v += 256) ow[v] = base[v];
+    int *pw = perm + (i64)w * B;
+    unsigned below = (1u << lane) - 1u;
+    for (int b0 = 0; b0 < B; b0 += 256) {
+        for (int i = tid; i < 8 * V; i += 256) cnt[i] = 0;
+        __syncthreads();
+        int b = b0 + tid;
+        int v = b < B ? tok[(i64)b * ld + w] : -1;
+        bool valid = v >= 0 && v < V;
+        unsigned m = __match_any_sync(DL_FULL, valid ? v : -1);
+        int rank = __popc(m & below);
+        if (valid && rank == 0) cnt[wid * V + v] = __popc(m);
+        __syncthreads();
+        if (valid) {
+            int pos = base[v] + rank;
+            for (int q = 0; q < wid; q++) pos += cnt[q * V + v];
+            pw[pos] = b;
+        }
+        __syncthreads();
+        for (int u = tid; u < V; u += 256) {
+            int s = 0;
+            for (int q = 0; q < 8; q++) s += cnt[q * V + u];
+            base[u] += s;
+        }
+        __syncthreads();
+    }
+}
+
+// Gradient of the embedding table from tr_embed_sort's grouping: demb[w*V + v, j] = sum of
+// dh[b, j] over the rows b of (w, v), in increasing b. Grid (W*V, ceil(H/256)), blocks of
+// 256 threads; every row of demb is written (zero for tokens absent at w).
+extern "C" __global__ void tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh,
+                                        const int *__restrict__ perm, const int *__restrict__ offs, int B, int V,
+                                        int H) {
+    int row = blockIdx.x, w = row / V, v = row - w * V;
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= H) return;
+    const int *pw = perm + (i64)w * B;
+    int lo = offs[(i64)w * (V + 1) + v], hi = offs[(i64)w * (V + 1) + v + 1];
+    float acc = 0.f;
+    int i = lo;
+    for (; i + 4 <= hi; i += 4) { // four loads in flight, added in order
+        float a0 = dh[(i64)pw[i] * H + j], a1 = dh[(i64)pw[i + 1] * H + j];
+        float a2 = dh[(i64)pw[i + 2] * H + j], a3 = dh[(i64)pw[i + 3] * H + j];
+        acc += a0;
+        acc += a1;
+        acc += a2;
+        acc += a3;
+    }
+    for (; i < hi; i++) acc += dh[(i64)pw[i] * H + j];
+    demb[(i64)row * H + j] = acc;
+}
+
+// One parameter of the multi-tensor AdamW step: its tensors (c, the compute copy in bf16,
+// may be null), its n elements, the first of its chunks, and whether weight decay applies.
+struct tr_adam_param {
+    float *p;
+    const float *g;
+    float *m;
+    float *v;
+    u16 *c;
+    i64 n;
+    i64 chunk0;
+    i64 decay;
+};
+
+// The step's hyperparameters: decay = 1 − lr·weight_decay, c1 = 1/(1 − b1^t) and
+// c2 = 1/(1 − b2^t) the bias corrections of step t.
+struct tr_adam_hyper {
+    float lr, b1, b2, eps, decay, c1, c2;
+};
+
+#define TR_ADAM_CHUNK 4096
+
+// One AdamW step over every parameter of the table (np entries, nchunks chunks of
+// TR_ADAM_CHUNK elements in all, each parameter's chunks after those of the entries
+// before it): m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g², p = p·decay − lr·(m·c1)/(sqrt(v·c2)
+// + eps), decay being 1 for parameters without weight decay, and c = bf16(p) where c is
+// given. Blocks take chunks in a grid-stride loop.
+extern "C" __global__ void tr_adamw(const tr_adam_param *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
+    for (i64 ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
+        int e = 0;
+        while (e + 1 < np && tab[e + 1].chunk0 <= ch) e++;
+        tr_adam_param q = tab[e];
+        i64 lo = (ch - q.chunk0) * TR_ADAM_CHUNK, hi = min(lo + TR_ADAM_CHUNK, q.n);
+        float decay = q.decay ? hp.decay : 1.f;
+        for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            float gi = q.g[i];
+            float mi = hp.b1 * q.m[i] + (1.f - hp.b1) * gi;
+            float vi = hp.b2 * q.v[i] + (1.f - hp.b2) * gi * gi;
+            q.m[i] = mi;
+            q.v[i] = vi;
+            float pi = q.p[i] * decay - hp.lr * (mi * hp.c1) / (sqrtf(vi * hp.c2) + hp.eps);
+            q.p[i] = pi;
+            if (q.c != 0) q.c[i] = dl_f32_to_bf16(pi);
         }
     }
 }
 
-// One AdamW step on n parameters: m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g²,
-// p = p·decay − lr·(m·c1)/(sqrt(v·c2) + eps), where decay = 1 − lr·weight_decay and
-// c1 = 1/(1 − b1^t), c2 = 1/(1 − b2^t) are the bias corrections of step t.
-extern "C" __global__ void tr_adamw(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
-                                    float *__restrict__ v, i64 n, float lr, float b1, float b2, float eps,
-                                    float decay, float c1, float c2) {
+// out[i] = Σ_r in[r*n + i] over the R ranks' gradients gathered side by side, in rank
+// order, for i < n.
+extern "C" __global__ void tr_rank_sum(float *__restrict__ out, const float *__restrict__ in, i64 n, int R) {
     i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float gi = g[i];
-        float mi = b1 * m[i] + (1.f - b1) * gi;
-        float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi * c1) / (sqrtf(vi * c2) + eps);
+        float s = 0.f;
+        for (int r = 0; r < R; r++) s += in[(i64)r * n + i];
+        out[i] = s;
     }
+}
+
+// Routing statistics kept on the device between progress lines: acc[e] += load[e] for
+// e < E, and acc[E] += dropped[0] when dropped is not null. One block.
+extern "C" __global__ void tr_stats_add(i64 *__restrict__ acc, const int *__restrict__ load,
+                                        const int *__restrict__ dropped, int E) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) acc[e] += load[e];
+    if (threadIdx.x == 0 && dropped != 0) acc[E] += dropped[0];
 }

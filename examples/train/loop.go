@@ -1,0 +1,314 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+	"time"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/ep"
+	"github.com/dropless/dropless/moe"
+	"github.com/dropless/dropless/offload"
+)
+
+// profileStep is the step of a run whose stages -profile prints (1-based): the first
+// steps compile kernels and fill the memory pool.
+const profileStep = 4
+
+// trainModel trains (or, with -resume, continues) the model called name on the ranks
+// of cl and saves it; it returns what the lowest rank of this process saw.
+func trainModel(cl *cluster, name string, cfg ModelConfig, o options, c *corpus, evalSet [][]int32, w io.Writer) (*result, error) {
+	if o.Batch%cl.size != 0 {
+		return nil, fmt.Errorf("-batch %d over %d ranks: want a multiple of the ranks", o.Batch, cl.size)
+	}
+	var res *result
+	err := cl.run(func(tr ep.Transport) error {
+		dd := &dist{tr: tr}
+		out := w
+		if dd.Rank() != cl.rank0() {
+			out = io.Discard
+		}
+		r, err := trainRank(cl.device(tr), dd, name, cfg, o, c, evalSet, out)
+		if dd.Rank() == cl.rank0() {
+			res = r
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// trainRank is one rank's part of trainModel, on d. Every rank of the model runs it at
+// once; it reports to w.
+func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o options, c *corpus, evalSet [][]int32, w io.Writer) (res *result, err error) {
+	res = &result{Name: name, Path: filepath.Join(o.Out, name+".ckpt"), First: math.NaN()}
+	R, rank := dd.Size(), dd.Rank()
+	B := o.Batch / R
+	dt, err := o.computeType()
+	if err != nil {
+		return nil, err
+	}
+	pol, err := o.offloadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	var ck *Checkpoint
+	if o.Resume {
+		if ck, err = readCheckpoint(res.Path); err != nil {
+			return nil, fmt.Errorf("-resume: %w", err)
+		}
+		if ck.Config != cfg {
+			fmt.Fprintf(w, "%s: the checkpoint's model shape %+v differs from the flags'; using the checkpoint's\n", name, ck.Config)
+		}
+		cfg = ck.Config
+		res.History = ck.History
+	}
+	s := d.Stream()
+	if R > 1 {
+		// Ranks in one process may share a device: each its own stream.
+		if s, err = d.NewStream(); err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, s.Close()) }()
+	}
+	mo := modelOptions{DType: dt, Stream: s, Dist: dd}
+	if o.Offload != "" {
+		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, B, R, dt), Policy: pol}); err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, mo.Offload.Close()) }()
+	}
+	var m *Model
+	if ck != nil {
+		if m, err = loadModel(d, ck, mo); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(w, "%s: resumed from %s at step %d\n", name, res.Path, m.Step)
+	} else if m, err = newModel(d, cfg, o.Seed, mo); err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, m.Free()) }()
+	m.printHeader(w, name, o, B)
+	if ck == nil {
+		ev, err := m.evalLoss(evalSet)
+		if err != nil {
+			return nil, err
+		}
+		res.First = ev
+		res.History.EvalStep = append(res.History.EvalStep, 0)
+		res.History.Eval = append(res.History.Eval, ev)
+		fmt.Fprintf(w, "%-9s step %5d  held-out %.3f\n", name, 0, ev)
+	}
+	h := adamHyper{Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay}
+	total := m.Step + o.Steps
+	bt, err := newBatcher(s, c.Train, o.Seed, m.Step, total, B, cfg.Window, rank, R)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, bt.close()) }()
+	clock, err := newStepClock(d)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, clock.close()) }()
+	prog := progressState{batch: o.Batch}
+	start := time.Now()
+	for i := range o.Steps {
+		step := m.Step
+		tok, err := bt.next(s)
+		if err != nil {
+			return nil, err
+		}
+		if m.tl, err = clock.begin(s); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		err = m.trainStep(tok, h, lrAt(step+1, total, o.Warmup, o.LR, o.MinLR))
+		enqueue := time.Since(t0)
+		marks := m.tl
+		m.tl = nil
+		if err == nil {
+			err = bt.release(s)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", step+1, err)
+		}
+		if o.Profile && i == min(profileStep, o.Steps)-1 {
+			st, err := marks.stages()
+			if err != nil {
+				return nil, err
+			}
+			m.printProfile(w, st, B, enqueue)
+		}
+		if m.Step%o.EvalEvery != 0 && i != o.Steps-1 {
+			continue
+		}
+		if err := m.progress(w, name, total, clock, evalSet, &prog, res); err != nil {
+			return nil, err
+		}
+	}
+	if o.Steps > 0 || ck == nil {
+		res.Heldout = res.History.Eval[len(res.History.Eval)-1]
+	} else if res.Heldout, err = m.evalLoss(evalSet); err != nil {
+		return nil, err
+	}
+	if err := m.save(res.Path, o.Seed, res.History); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "%s: %d steps in %v; saved %s\n", name, o.Steps, time.Since(start).Round(time.Millisecond), res.Path)
+	return res, nil
+}
+
+// progressState is what the progress lines keep from one to the next.
+type progressState struct {
+	batch           int   // the global batch
+	offloaded, kept int64 // the offloader's bytes at the last line
+}
+
+// progress ends the window of steps since the last progress line: it reads the
+// window's time, training loss and routing statistics, evaluates the held-out loss,
+// records them in res and prints the line.
+func (m *Model) progress(w io.Writer, name string, total int, clock *stepClock, evalSet [][]int32, p *progressState, res *result) error {
+	span, moeTime, steps, err := clock.window(m.s)
+	if err != nil {
+		return err
+	}
+	sum, err := m.takeTrainLoss()
+	if err != nil {
+		return err
+	}
+	load, dropped, err := m.takeStats()
+	if err != nil {
+		return err
+	}
+	var assigned int64
+	for _, l := range load {
+		for _, n := range l {
+			assigned += n
+		}
+	}
+	tokens := float64(steps * p.batch)
+	tr := sum / tokens
+	t1 := time.Now()
+	ev, err := m.evalLoss(evalSet)
+	if err != nil {
+		return err
+	}
+	evTime := time.Since(t1)
+	hist := &res.History
+	hist.TrainStep = append(hist.TrainStep, m.Step)
+	hist.Train = append(hist.Train, tr)
+	hist.Dropped = append(hist.Dropped, float64(dropped)/float64(max(assigned, 1)))
+	hist.EvalStep = append(hist.EvalStep, m.Step)
+	hist.Eval = append(hist.Eval, ev)
+	res.Dropped += dropped
+	res.Assigned += assigned
+
+	sec := max(span.Seconds(), 1e-9)
+	tps, moe := tokens/sec, moeTime.Seconds()/sec
+	line := fmt.Sprintf("%-9s step %5d/%d  train %.3f  held-out %.3f  %6.0f tok/s  %.1f ms/step (MoE %.0f%%, rest %.0f%%)",
+		name, m.Step, total, tr, ev, tps, 1e3*sec/float64(steps), 100*moe, 100*(1-moe))
+	flops := m.Config.flopsPerToken() * tps
+	if pk, _ := peak(m.s.Device()); pk > 0 {
+		line += fmt.Sprintf("  MFU %.2f%%", 100*flops/pk)
+	} else {
+		line += fmt.Sprintf("  %.3g GFLOP/s", flops/1e9)
+	}
+	if m.off != nil {
+		st := m.off.Stats()
+		line += fmt.Sprintf("  host %s/step", byteSize(float64(st.Offloaded-p.offloaded)/float64(steps)))
+		if st.KeptBytes > p.kept {
+			line += fmt.Sprintf(" (%s/step kept on the device: pool full)", byteSize(float64(st.KeptBytes-p.kept)/float64(steps)))
+		}
+		p.offloaded, p.kept = st.Offloaded, st.KeptBytes
+	}
+	line += fmt.Sprintf("  eval %4.0f ms  load/mean", evTime.Seconds()*1e3)
+	for l := range load {
+		lo, hi := loadRange(load[l])
+		line += fmt.Sprintf(" L%d %.2f-%.2f", l, lo, hi)
+	}
+	if m.Config.CapacityFactor > 0 {
+		line += fmt.Sprintf("  dropped %.1f%%", 100*float64(dropped)/float64(max(assigned, 1)))
+	}
+	fmt.Fprintln(w, line)
+	return nil
+}
+
+// printHeader describes the model and how it is trained.
+func (m *Model) printHeader(w io.Writer, name string, o options, B int) {
+	cfg, R := m.Config, m.dist.Size()
+	dense, expert := cfg.paramCounts()
+	kind := "dropless"
+	if cf := cfg.CapacityFactor; cf > 0 {
+		if R > 1 {
+			kind = fmt.Sprintf("capacity factor %g per rank (%d rows per rank, the rest dropped)", cf, int(math.Ceil(cf*float64(cfg.TopK*B))))
+		} else if c, err := moe.Capacity(cf, B, cfg.TopK, cfg.Experts); err == nil {
+			kind = fmt.Sprintf("capacity factor %g (%d rows per expert)", cf, c)
+		}
+	}
+	fmt.Fprintf(w, "\n%s model: W=%d H=%d F=%d E=%d K=%d L=%d, %s; %d parameters (%d in experts, %d active per token)\n",
+		name, cfg.Window, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK, cfg.Layers, kind,
+		dense+expert, expert, dense+expert*cfg.TopK/cfg.Experts)
+	train := fmt.Sprintf("%v compute (f32 weights, gradients and AdamW state)", m.dt)
+	if R > 1 {
+		train += fmt.Sprintf(", %d ranks of %d experts and %d rows each", R, cfg.Experts/R, B)
+	}
+	if m.off != nil {
+		train += fmt.Sprintf(", activations offloaded by policy %q (pinned pool of %s)", m.off.Policy(), byteSize(float64(m.off.Stats().PoolBytes)))
+	}
+	fmt.Fprintf(w, "training: %s\n", train)
+	if pk, who := peak(m.s.Device()); pk > 0 {
+		fmt.Fprintf(w, "MFU: %.3g model FLOPs per token (3× the forward's) × tokens/s over %s\n", cfg.flopsPerToken(), who)
+	} else {
+		fmt.Fprintf(w, "MFU: none (no peak known for %s); the progress lines give the model FLOP/s measured: %.3g FLOPs per token (3× the forward's) × tokens/s\n",
+			m.s.Device().Name(), cfg.flopsPerToken())
+	}
+}
+
+// offloadPool returns the pinned pool the activations that pol sends to the host take,
+// for L layers of B rows on each of R ranks in the compute dtype dt.
+func offloadPool(c ModelConfig, pol offload.Policy, B, R int, dt device.DType) int {
+	K, E, H, F, Fs := c.TopK, c.Experts, c.Hidden, c.FFN, c.SharedFFN
+	rows := B * K
+	switch cf := c.CapacityFactor; {
+	case R > 1 && cf > 0:
+		rows = int(math.Ceil(cf * float64(K*B)))
+	case R > 1:
+		rows = B * R * min(K, E/R)
+	case cf > 0:
+		if n, err := moe.Capacity(cf, B, K, E); err == nil {
+			rows = min(rows, E*n)
+		}
+	}
+	total := 0
+	for _, a := range []struct {
+		name string
+		n    int
+	}{
+		{moe.ActPermuted, rows * H}, {moe.ActWi, rows * 2 * F}, {moe.ActSwiGLU, rows * F}, {moe.ActWo, rows * H},
+		{moe.ActSharedWi, B * 2 * Fs}, {moe.ActSharedAct, B * Fs},
+	} {
+		if a.n > 0 && pol.Action(a.name) == offload.Offload {
+			total += (a.n*dt.Size() + offload.Align - 1) / offload.Align * offload.Align
+		}
+	}
+	return c.Layers * total
+}
+
+// byteSize formats n bytes in B, KiB, MiB or GiB.
+func byteSize(n float64) string {
+	units := []string{"B", "KiB", "MiB", "GiB"}
+	i := 0
+	for ; n >= 1024 && i < len(units)-1; i++ {
+		n /= 1024
+	}
+	if i == 0 {
+		return fmt.Sprintf("%.0f %s", n, units[i])
+	}
+	return fmt.Sprintf("%.1f %s", n, units[i])
+}
