@@ -104,15 +104,15 @@ func timeCalls(b *testing.B, s *device.Stream, flops float64, call func() error)
 
 // BenchmarkRaggedDotBlockwise times the blockwise FP8 forward (E4M3 operands, bf16
 // output) on the baseline cases (one small case on the CPU), reporting TFLOP/s =
-// 2·M·K·N / time, the bf16 product's count. The FP8 operands are made once, outside the
-// timed loop: random E4M3 codes and constant scales (the kernels' speed does not depend
-// on the values).
+// 2·M·K·N / time, the bf16 product's count. The FP8 operands are quantized once, outside
+// the timed loop, by package quant from random bf16 data (f32 scales).
 func BenchmarkRaggedDotBlockwise(b *testing.B) { blockBenchmark(b, fwd) }
 
 // BenchmarkRaggedDotBlockwiseInputGrad times the blockwise FP8 input gradient likewise.
 func BenchmarkRaggedDotBlockwiseInputGrad(b *testing.B) { blockBenchmark(b, dgrad) }
 
-// BenchmarkRaggedDotBlockwiseWeightGrad times the blockwise FP8 weight gradient likewise.
+// BenchmarkRaggedDotBlockwiseWeightGrad times the blockwise FP8 weight gradient likewise,
+// its operands quantized in the case's groups.
 func BenchmarkRaggedDotBlockwiseWeightGrad(b *testing.B) { blockBenchmark(b, wgrad) }
 
 func blockBenchmark(b *testing.B, f form) {
@@ -132,45 +132,51 @@ func blockBenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	G, M, K, N := bc.G, bc.M, bc.K, bc.N
 	ts := device.NewTemps(s)
 	defer ts.Free()
-	codes := func(shape ...int) *device.Tensor {
-		t := ts.Alloc(device.E4M3, shape...)
-		dt.NoErr(b, ts.Err())
-		randomFill(b, s, t, uint64(len(shape)*1000+shape[0]), 64)
-		return t
-	}
-	scales := func(shape ...int) *device.Tensor {
-		t := ts.Alloc(device.F32, shape...)
-		dt.NoErr(b, ts.Err())
-		dt.NoErr(b, device.Fill(s, t, 1.0/64))
-		return t
-	}
-	rows := func(m, k int) *quant.Blockwise {
-		return &quant.Blockwise{M: m, K: k, Format: quant.E4M3, Dir: quant.Rowwise,
-			Row: codes(m, k), RowScale: scales(ceil(k, blk), 4*ceil(m, 4))}
-	}
-	cols := func(m, k int) *quant.Blockwise {
-		mp := colTokens(m, G)
-		return &quant.Blockwise{M: m, K: k, Format: quant.E4M3, Dir: quant.Columnwise, Groups: G,
-			ColT: codes(k, mp), ColTScale: scales(mp/blk, k)}
-	}
-	w := &quant.BlockwiseWeights{G: G, K: K, N: N, Format: quant.E4M3}
-	if f != wgrad {
-		w.Scales = scales(G, ceil(K, blk), ceil(N, blk))
-	}
 	sizes := dt.Must(device.FromSlice(s, device.I32, bc.Sizes(), G))
 	ts.Add(sizes)
+	// random returns a bf16 tensor of shape filled with N(0, scale²) values; free it.
+	random := func(seed uint64, scale float32, shape ...int) *device.Tensor {
+		t := dt.Must(s.Alloc(device.BF16, shape...))
+		randomFill(b, s, t, seed, scale)
+		return t
+	}
+	opt := quant.BlockOptions{Format: quant.E4M3, Dir: quant.Rowwise}
+	if f == wgrad {
+		opt.Dir, opt.GroupSizes = quant.Columnwise, sizes
+	}
+	var qs []*quant.Blockwise
+	var w *quant.BlockwiseWeights
+	defer func() {
+		for _, q := range qs {
+			q.Free()
+		}
+		w.Free()
+	}()
+	acts := func(seed uint64, k int) *quant.Blockwise {
+		src := random(seed, 1, M, k)
+		defer src.Free()
+		q := dt.Must(quant.QuantizeBlockwise(s, src, opt))
+		qs = append(qs, q)
+		if q.Status != nil {
+			dt.NoErr(b, q.Status.Check(s))
+		}
+		return q
+	}
+	if f != wgrad {
+		src := random(2, 0.02, G, K, N)
+		w = dt.Must(quant.QuantizeWeights(s, src, quant.BlockOptions{Format: quant.E4M3}))
+		src.Free()
+	}
 	var call func() error
 	switch f {
 	case fwd:
-		x, y := rows(M, K), ts.Alloc(device.BF16, M, N)
-		w.KMajor = codes(G, N, K)
+		x, y := acts(1, K), ts.Alloc(device.BF16, M, N)
 		call = func() error { return gemm.RaggedDotBlockwise(s, y, x, w, sizes, nil) }
 	case dgrad:
-		dy, dx := rows(M, N), ts.Alloc(device.BF16, M, K)
-		w.NMajor = codes(G, K, N)
+		dy, dx := acts(3, N), ts.Alloc(device.BF16, M, K)
 		call = func() error { return gemm.RaggedDotBlockwiseInputGrad(s, dx, dy, w, sizes, nil) }
 	default:
-		x, dy, dw := cols(M, K), cols(M, N), ts.Alloc(device.BF16, G, K, N)
+		x, dy, dw := acts(1, K), acts(3, N), ts.Alloc(device.BF16, G, K, N)
 		call = func() error { return gemm.RaggedDotBlockwiseWeightGrad(s, dw, x, dy, sizes, nil) }
 	}
 	dt.NoErr(b, ts.Err())

@@ -24,9 +24,9 @@ func newBlockArgs(s *device.Stream) *blockArgs {
 	sz := []int32{4, 6}
 	return &blockArgs{s: s,
 		sizes: dt.Must(device.FromSlice(s, device.I32, sz, 2)),
-		x:     quantize(e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, sz).upload(s),
-		dy:    quantize(e5m2Pow2, dt.Normal(r, 10*48, 1), 10, 48, sz).upload(s),
-		w:     quantizeWeights(e4m3F32, dt.Normal(r, 2*32*48, 1), 2, 32, 48).upload(s),
+		x:     blockwise(s, e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, sz),
+		dy:    blockwise(s, e5m2Pow2, dt.Normal(r, 10*48, 1), 10, 48, sz),
+		w:     blockwiseWeights(s, e4m3F32, dt.Normal(r, 2*32*48, 1), 2, 32, 48),
 		y:     dt.Must(s.Alloc(device.F32, 10, 48)),
 		dx:    dt.Must(s.Alloc(device.BF16, 10, 32)),
 		dw:    dt.Must(s.Alloc(device.F32, 2, 32, 48)),
@@ -60,11 +60,11 @@ func TestBlockwiseBadArgs(t *testing.T) {
 	freedStatus := dt.Must(device.NewStatus(s))
 	dt.NoErr(t, freedStatus.Free())
 	r := dt.Rand(2)
-	x16 := quantize(e4m3F32, dt.Normal(r, 10*16, 1), 10, 16, []int32{4, 6}).upload(s)    // K=16
-	dy3 := quantize(e4m3F32, dt.Normal(r, 10*48, 1), 10, 48, []int32{3, 3, 4}).upload(s) // 3 groups
-	x3 := quantize(e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, []int32{3, 3, 4}).upload(s)  // 3 groups
-	dy12 := quantize(e4m3F32, dt.Normal(r, 12*48, 1), 12, 48, []int32{4, 6}).upload(s)   // M=12
-	w3 := quantizeWeights(e4m3F32, dt.Normal(r, 3*32*48, 1), 3, 32, 48).upload(s)        // 3 groups
+	x16 := blockwise(s, e4m3F32, dt.Normal(r, 10*16, 1), 10, 16, []int32{4, 6})    // K=16
+	dy3 := blockwise(s, e4m3F32, dt.Normal(r, 10*48, 1), 10, 48, []int32{3, 3, 4}) // 3 groups
+	x3 := blockwise(s, e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, []int32{3, 3, 4})  // 3 groups
+	dy12 := blockwise(s, e4m3F32, dt.Normal(r, 12*48, 1), 12, 48, []int32{4, 8})   // M=12
+	w3 := blockwiseWeights(s, e4m3F32, dt.Normal(r, 3*32*48, 1), 3, 32, 48)        // 3 groups
 	fwd := func(s *device.Stream, y *device.Tensor, x *quant.Blockwise, w *quant.BlockwiseWeights, sz *device.Tensor, opt *gemm.Options) func() error {
 		return func() error { return gemm.RaggedDotBlockwise(s, y, x, w, sz, opt) }
 	}

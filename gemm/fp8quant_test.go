@@ -1,16 +1,14 @@
 package gemm_test
 
 import (
-	"math"
-
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/quant"
 )
 
-// The tests quantize with their own host implementation of package quant's blockwise
-// rule and layouts (quant/blockwise.go), so that the FP8 GEMMs are tested on their own;
-// the quantized tensors are uploaded to the device under test.
+// The tests quantize their operands with package quant, on the device under test, and
+// take the values that the float64 reference multiplies from quant's dequantization of
+// the same quantization on the CPU (bit for bit the device's: see package quant).
 
 const blk = quant.BlockSize
 
@@ -26,173 +24,103 @@ var (
 	e4m3Pow2 = recipe{quant.E4M3, quant.ScalePow2}
 )
 
-// scale returns the scale of a block whose largest magnitude (NaN left out) is amax.
-func (r recipe) scale(amax float32) float32 {
-	switch {
-	case amax == 0:
-		return 1
-	case math.IsInf(float64(amax), 1):
-		return float32(math.Inf(1))
-	}
-	f := amax / r.f.Max()
-	if r.k == quant.ScaleF32 {
-		return f
-	}
-	b := math.Float32bits(f)
-	e := b >> 23
-	if b&0x7fffff != 0 {
-		e++
-	}
-	return math.Float32frombits(min(max(e, 1), 254) << 23)
-}
-
-func (r recipe) encode(x float32) uint8 {
-	if r.f == quant.E5M2 {
-		return device.E5M2FromFloat32(x)
-	}
-	return device.E4M3FromFloat32(x)
-}
-
-func (r recipe) decode(c uint8) float32 {
-	if r.f == quant.E5M2 {
-		return device.E5M2ToFloat32(c)
-	}
-	return device.E4M3ToFloat32(c)
-}
-
-// block quantizes the n values at(i) of one block into put(i, code) and returns its scale.
-func (r recipe) block(n int, at func(i int) float32, put func(i int, c uint8)) float32 {
-	var amax float32
-	for i := range n {
-		if v := float32(math.Abs(float64(at(i)))); v > amax {
-			amax = v
-		}
-	}
-	s := r.scale(amax)
-	for i := range n {
-		put(i, r.encode(at(i)/s))
-	}
-	return s
-}
-
 func ceil(a, b int) int { return (a + b - 1) / b }
 
-// colTokens is Mp of quant's columnwise layout of M rows in G groups.
-func colTokens(M, G int) int { return blk * (M/blk + min(G, M)) }
+// blockwise quantizes v [M, K] with r on s: rowwise, and without a nil sizes also
+// columnwise in the groups of sizes (which must sum to M).
+func blockwise(s *device.Stream, r recipe, v []float32, M, K int, sizes []int32) *quant.Blockwise {
+	x := dt.Must(device.FromSlice(s, device.F32, v, M, K))
+	defer x.Free()
+	opt := quant.BlockOptions{Format: r.f, Scale: r.k, Dir: quant.Rowwise}
+	if sizes != nil {
+		gs := dt.Must(device.FromSlice(s, device.I32, sizes, len(sizes)))
+		defer gs.Free()
+		opt.Dir, opt.GroupSizes = quant.Both, gs
+	}
+	q := dt.Must(quant.QuantizeBlockwise(s, x, opt))
+	if sizes != nil {
+		if err := q.Status.Check(s); err != nil {
+			panic(err)
+		}
+	}
+	return q
+}
 
-// hostQ is an activation or gradient [M, K] quantized on the host in both directions,
-// with its dequantized values.
+// blockwiseWeights quantizes w [G, K, N] with r on s.
+func blockwiseWeights(s *device.Stream, r recipe, w []float32, G, K, N int) *quant.BlockwiseWeights {
+	t := dt.Must(device.FromSlice(s, device.F32, w, G, K, N))
+	defer t.Free()
+	return dt.Must(quant.QuantizeWeights(s, t, quant.BlockOptions{Format: r.f, Scale: r.k}))
+}
+
+// hostQ is an activation or gradient [M, K] (its values v), the recipe and groups it is
+// quantized with, and, from its quantization on the CPU, the elements, scales and
+// dequantized values of the form the call reads: Row and RowScale without groups, ColT
+// and ColTScale with them (deq: the columnwise form back in rows).
 type hostQ struct {
-	r            recipe
-	M, K, G      int
-	row          []uint8   // [M, K]
-	rowScale     []float32 // [ceil(K/128), roundup(M, 4)]
-	colT         []uint8   // [K, Mp]
-	colTScale    []float32 // [Mp/128, K]
-	rows, colRow []float32 // dequantized: rowwise, and the columnwise form back in rows (zeros past sum(sizes))
+	r      recipe
+	M, K   int
+	v      []float32
+	sizes  []int32
+	codes  []uint8
+	scales []float32
+	deq    []float32
 }
 
-// quantize quantizes v [M, K] rowwise and, in the groups of sizes, columnwise.
+// quantize quantizes v [M, K] with r, rowwise (nil sizes) or in the groups of sizes.
 func quantize(r recipe, v []float32, M, K int, sizes []int32) *hostQ {
-	G := len(sizes)
-	mr, nkb, mp := 4*ceil(M, 4), ceil(K, blk), colTokens(M, G)
-	h := &hostQ{r: r, M: M, K: K, G: G, row: make([]uint8, M*K), rowScale: make([]float32, nkb*mr),
-		colT: make([]uint8, K*mp), colTScale: make([]float32, mp/blk*K), rows: make([]float32, M*K), colRow: make([]float32, M*K)}
-	for m := range M {
-		for b := range nkb {
-			k0 := b * blk
-			s := r.block(min(blk, K-k0), func(i int) float32 { return v[m*K+k0+i] }, func(i int, c uint8) { h.row[m*K+k0+i] = c })
-			h.rowScale[b*mr+m] = s
-			for k := k0; k < min(K, k0+blk); k++ {
-				h.rows[m*K+k] = r.decode(h.row[m*K+k]) * s
-			}
-		}
+	h := &hostQ{r: r, M: M, K: K, v: v, sizes: sizes}
+	s := device.CPU().Stream()
+	q := h.upload(s)
+	defer q.Free()
+	codes, scales, dir := q.Row, q.RowScale, quant.Rowwise
+	if sizes != nil {
+		codes, scales, dir = q.ColT, q.ColTScale, quant.Columnwise
 	}
-	off, t := 0, 0 // the group's first row and first token block
-	for _, sz := range sizes {
-		n := int(sz)
-		for j := range ceil(n, blk) {
-			i0 := j * blk
-			p0 := (t + j) * blk
-			for k := range K {
-				s := r.block(min(blk, n-i0), func(i int) float32 { return v[(off+i0+i)*K+k] }, func(i int, c uint8) { h.colT[k*mp+p0+i] = c })
-				h.colTScale[(t+j)*K+k] = s
-				for i := range min(blk, n-i0) {
-					h.colRow[(off+i0+i)*K+k] = r.decode(h.colT[k*mp+p0+i]) * s
-				}
-			}
-		}
-		off += n
-		t += ceil(n, blk)
+	h.codes = append([]uint8(nil), codes.HostBytes()...)
+	h.scales = append([]float32(nil), device.Slice[float32](scales)...)
+	deq := dt.Must(s.Alloc(device.F32, M, K))
+	defer deq.Free()
+	if err := quant.DequantizeBlockwise(s, deq, q, dir); err != nil {
+		panic(err)
 	}
+	h.deq = append([]float32(nil), device.Slice[float32](deq)...)
 	return h
 }
 
-// upload returns h on s's device (rowwise and columnwise forms).
+// upload returns h quantized on s.
 func (h *hostQ) upload(s *device.Stream) *quant.Blockwise {
-	mp := colTokens(h.M, h.G)
-	return &quant.Blockwise{M: h.M, K: h.K, Format: h.r.f, Scale: h.r.k, Dir: quant.Both, Groups: h.G,
-		Row:       dt.Must(device.FromSlice(s, h.r.f.DType(), h.row, h.M, h.K)),
-		RowScale:  dt.Must(device.FromSlice(s, device.F32, h.rowScale, ceil(h.K, blk), 4*ceil(h.M, 4))),
-		ColT:      dt.Must(device.FromSlice(s, h.r.f.DType(), h.colT, h.K, mp)),
-		ColTScale: dt.Must(device.FromSlice(s, device.F32, h.colTScale, mp/blk, h.K)),
-	}
+	return blockwise(s, h.r, h.v, h.M, h.K, h.sizes)
 }
 
-// hostW is weights w [G, K, N] quantized on the host in 128×128 blocks, with their
-// dequantized values [G, K, N].
+// hostW is weights w [G, K, N] (their values v) and the recipe they are quantized with
+// in 128×128 blocks, and, from that quantization on the CPU, their scales
+// [G, ceil(K/128), ceil(N/128)] and dequantized values [G, K, N].
 type hostW struct {
-	r          recipe
-	G, K, N    int
-	kmaj, nmaj []uint8   // [G, N, K], [G, K, N]
-	scales     []float32 // [G, ceil(K/128), ceil(N/128)]
-	deq        []float32
+	r       recipe
+	G, K, N int
+	v       []float32
+	scales  []float32
+	deq     []float32
 }
 
+// quantizeWeights quantizes w [G, K, N] with r; K and N must be multiples of 16.
 func quantizeWeights(r recipe, w []float32, G, K, N int) *hostW {
-	sk, sn := ceil(K, blk), ceil(N, blk)
-	h := &hostW{r: r, G: G, K: K, N: N, kmaj: make([]uint8, G*K*N), nmaj: make([]uint8, G*K*N), scales: make([]float32, G*sk*sn), deq: make([]float32, G*K*N)}
-	for g := range G {
-		for kb := range sk {
-			for nb := range sn {
-				k0, n0 := kb*blk, nb*blk
-				bk, bn := min(blk, K-k0), min(blk, N-n0)
-				at := func(i int) int { return (g*K+k0+i/bn)*N + n0 + i%bn }
-				s := r.block(bk*bn, func(i int) float32 { return w[at(i)] }, func(i int, c uint8) {
-					k, n := k0+i/bn, n0+i%bn
-					h.nmaj[(g*K+k)*N+n] = c
-					h.kmaj[(g*N+n)*K+k] = c
-				})
-				h.scales[(g*sk+kb)*sn+nb] = s
-				for i := range bk * bn {
-					h.deq[at(i)] = r.decode(h.nmaj[at(i)]) * s
-				}
-			}
-		}
+	h := &hostW{r: r, G: G, K: K, N: N, v: w}
+	s := device.CPU().Stream()
+	q := h.upload(s)
+	defer q.Free()
+	h.scales = append([]float32(nil), device.Slice[float32](q.Scales)...)
+	deq := dt.Must(s.Alloc(device.F32, G, K, N))
+	defer deq.Free()
+	if err := quant.DequantizeWeights(s, deq, q); err != nil {
+		panic(err)
 	}
+	h.deq = append([]float32(nil), device.Slice[float32](deq)...)
 	return h
 }
 
+// upload returns h quantized on s.
 func (h *hostW) upload(s *device.Stream) *quant.BlockwiseWeights {
-	return &quant.BlockwiseWeights{G: h.G, K: h.K, N: h.N, Format: h.r.f, Scale: h.r.k,
-		KMajor: dt.Must(device.FromSlice(s, h.r.f.DType(), h.kmaj, h.G, h.N, h.K)),
-		NMajor: dt.Must(device.FromSlice(s, h.r.f.DType(), h.nmaj, h.G, h.K, h.N)),
-		Scales: dt.Must(device.FromSlice(s, device.F32, h.scales, h.G, ceil(h.K, blk), ceil(h.N, blk))),
-	}
-}
-
-// freeQ frees the tensors of quantized operands.
-func freeQ(qs ...any) {
-	for _, q := range qs {
-		switch v := q.(type) {
-		case *quant.Blockwise:
-			if v != nil {
-				device.FreeAll(v.Row, v.RowScale, v.ColT, v.ColTScale)
-			}
-		case *quant.BlockwiseWeights:
-			if v != nil {
-				device.FreeAll(v.KMajor, v.NMajor, v.Scales)
-			}
-		}
-	}
+	return blockwiseWeights(s, h.r, h.v, h.G, h.K, h.N)
 }
