@@ -51,18 +51,24 @@
 // # Transports
 //
 // A Transport moves tensors among the ranks. NewWorld makes R ranks in one process
-// (goroutines, on the CPU or GPUs through host memory): the embedded default and the
-// test bed, which counts the bytes between each pair of ranks. NewNCCL, NewNCCLWorld
-// and InitFromEnv use NCCL (libnccl.so.2 or $DROPLESS_NCCL, 2.23 or later, loaded at run
-// time): one process per GPU with the id published over TCP from rank 0 as torchrun's
-// variables say, or one process driving several GPUs. All-to-all-v is a group of
-// ncclSend and ncclRecv on the op's stream. A rank that dies or never arrives makes the
-// others fail within the timeout ($DROPLESS_EP_TIMEOUT, a duration such as 90s), not
-// hang: the rendezvous has deadlines, communicators are non-blocking, and host waits
-// poll with a deadline, then abort the communicator. Dispatch, Combine and the backward
-// passes do not wait: wait for their results with Transport.Sync, which has that
-// deadline, rather than with Stream.Synchronize or a copy to the host, which wait as
-// long as the transfers do.
+// (goroutines): the embedded default and the test bed, which counts the bytes between
+// each pair of ranks. Ranks on one GPU, or on GPUs that address each other's memory,
+// move rows device to device in stream order: each rank copies what it receives on its
+// own stream, straight from the sender's tensors on its GPU (from a staging copy in the
+// sender's peer memory on another), after events of the ranks' streams on one GPU (the
+// host, across GPUs) say the rows are ready; ranks on the CPU, or on GPUs that cannot
+// address each other's memory, move them through host memory. BenchmarkWorld times
+// Dispatch and Combine between two ranks on one GPU at the size of the NCCL benchmark.
+// NewNCCL, NewNCCLWorld and InitFromEnv use NCCL (libnccl.so.2 or $DROPLESS_NCCL, 2.23
+// or later, loaded at run time): one process per GPU with the id published over TCP from
+// rank 0 as torchrun's variables say, or one process driving several GPUs. All-to-all-v
+// is a group of ncclSend and ncclRecv on the op's stream. A rank that dies or never
+// arrives makes the others fail within the timeout ($DROPLESS_EP_TIMEOUT, a duration
+// such as 90s), not hang: the rendezvous has deadlines, communicators are non-blocking,
+// and host waits poll with a deadline, then abort the communicator. Dispatch, Combine
+// and the backward passes do not wait: wait for their results with Transport.Sync, which
+// has that deadline, rather than with Stream.Synchronize or a copy to the host, which
+// wait as long as the transfers do.
 //
 // Between NCCL ranks on distinct GPUs that can address each other's memory (GPUs of one
 // host over NVLink or PCIe, in one process or several), Dispatch, Combine and the

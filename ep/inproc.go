@@ -3,6 +3,7 @@ package ep
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -14,13 +15,23 @@ import (
 
 // World is an in-process transport: R ranks in one process, each used from its own
 // goroutine like a real rank. Ranks may live on the CPU or on GPUs (all on one, or one
-// each), whose tensors move through host memory. It counts the bytes each rank sends
+// each). When every rank is on a GPU and the GPUs can address each other's memory (one
+// GPU, or GPUs with peer access, which NewWorld enables), a collective moves rows device
+// to device: each rank copies, on its own stream, the rows the others send it, straight
+// from a sender's tensors when they are on its GPU, or from the sender's staging copy in
+// peer memory when they are on another. Events order the streams of ranks on one GPU, so
+// that the host waits for nothing; for a sender on another GPU the host waits for the
+// sender's event, since a stream cannot wait for an event of another device. Otherwise
+// (ranks on the CPU, or GPUs that cannot address each other) rows move through host
+// memory. The results are the same bits either way. It counts the bytes each rank sends
 // to each other rank. Every error (a rank's bad call, mismatched calls, a rank that
 // closes or panics in Run, or ranks that keep the others waiting past the timeout,
 // which the error names) aborts the world: all ranks' calls then fail with it.
 type World struct {
 	n       int
 	devs    []*device.Device
+	route   route        // how collectives move rows, decided by NewWorld
+	dr      *devRanks    // the device route's state of each rank
 	timeout atomic.Int64 // nanoseconds
 	def     time.Duration
 	bytes   []atomic.Int64
@@ -51,9 +62,10 @@ func (o op) String() string {
 // post is what a rank offers the others in one collective.
 type post struct {
 	op    op
-	rowB  []int      // per pair: row bytes
-	segs  [][][]byte // AllToAllV: per pair, per destination: the rows it sends
-	whole []byte     // AllGather: the send tensor
+	rowB  []int      // AllToAllV: per pair, row bytes
+	segs  [][][]byte // host route, AllToAllV: per pair, per destination: the rows it sends
+	whole []byte     // host route, AllGather: the send tensor
+	dev   *devPost   // device route: the send tensors' pieces and the events that order them
 
 	// AllToAllV of an op of the package: the op, and per pair the tensor's name and
 	// what its rows are (Exchange.op, Exchange.names).
@@ -63,7 +75,9 @@ type post struct {
 }
 
 // NewWorld returns an in-process world of n ranks. With no devices every rank is on the
-// CPU; with one, every rank is on it; with n, rank r is on devs[r]. The timeout starts
+// CPU; with one, every rank is on it; with n, rank r is on devs[r]. When the devices are
+// GPUs that can address each other's memory, NewWorld enables peer access between every
+// two of them and the world moves rows device to device (see World). The timeout starts
 // as Timeout().
 func NewWorld(n int, devs ...*device.Device) (*World, error) {
 	if n < 1 || n > MaxRanks {
@@ -92,6 +106,13 @@ func NewWorld(n int, devs ...*device.Device) (*World, error) {
 		if d == nil {
 			return nil, fmt.Errorf("ep: NewWorld: device %d is nil", i)
 		}
+	}
+	w.route = chooseRoute(w.devs, (*device.Device).EnablePeerAccess)
+	if w.route == viaDevice {
+		if w.dr, err = newDevRanks(w.devs); err != nil {
+			return nil, err
+		}
+		runtime.AddCleanup(w, (*devRanks).release, w.dr)
 	}
 	w.timeout.Store(int64(timeout))
 	return w, nil
@@ -322,22 +343,33 @@ func (t *inproc) AllGather(s *device.Stream, send, recv *device.Tensor) error {
 	if err != nil {
 		return t.fail(err)
 	}
+	nb := send.Bytes()
+	check := func(posts []*post) error { return checkGather(t.rank, nb, posts) }
+	if t.w.route == viaDevice {
+		into, err := segments(recv, flat, n)
+		if err != nil {
+			return t.fail(err)
+		}
+		pieces := [][]*device.Tensor{slices.Repeat([]*device.Tensor{flat}, n)}
+		return t.move(s, &post{op: opAllGather}, pieces, [][]*device.Tensor{into}, check)
+	}
 	whole, err := hostBytes(s, flat, 0, send.Len())
 	if err != nil {
 		return t.fail(err)
 	}
+	if !send.Device().IsCUDA() {
+		// A copy: send may be this rank's segment of recv, which it writes while the
+		// others read whole.
+		whole = slices.Clone(whole)
+	}
 	if err := t.w.barrier(t.rank, opAllGather, &post{op: opAllGather, whole: whole}); err != nil {
 		return err
 	}
-	nb := send.Bytes()
+	if err := check(t.w.posts); err != nil {
+		return t.fail(err)
+	}
 	all := make([]byte, n*nb)
 	for p, q := range t.w.posts {
-		if q.op != opAllGather {
-			return t.fail(fmt.Errorf("ep: rank %d called AllGather while rank %d called %v", t.rank, p, q.op))
-		}
-		if len(q.whole) != nb {
-			return t.fail(fmt.Errorf("ep: AllGather: rank %d sends %d bytes, rank %d %d", p, len(q.whole), t.rank, nb))
-		}
 		copy(all[p*nb:], q.whole)
 		if p != t.rank {
 			t.w.bytes[p*n+t.rank].Add(int64(nb))
@@ -353,6 +385,20 @@ func (t *inproc) AllGather(s *device.Stream, send, recv *device.Tensor) error {
 	return t.w.barrier(t.rank, opAllGather, nil)
 }
 
+// checkGather returns an error unless every rank's post is an AllGather of nb bytes, as
+// rank me's is.
+func checkGather(me, nb int, posts []*post) error {
+	for p, q := range posts {
+		if q.op != opAllGather {
+			return fmt.Errorf("ep: rank %d called AllGather while rank %d called %v", me, p, q.op)
+		}
+		if got := q.sends(0, me); got != nb {
+			return fmt.Errorf("ep: AllGather: rank %d sends %d bytes, rank %d %d", p, got, me, nb)
+		}
+	}
+	return nil
+}
+
 func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
 	if t.err != nil {
 		return t.err
@@ -360,13 +406,26 @@ func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
 	if err := x.check(t, s); err != nil {
 		return t.fail(err)
 	}
-	n := t.w.n
+	n, me := t.w.n, t.rank
 	p := &post{op: opAllToAllV, from: x.op, names: x.names}
 	for _, snd := range x.Send {
 		p.rowB = append(p.rowB, rowBytes(snd))
 		if x.op != "" {
 			p.rows = append(p.rows, rowKindOf(snd))
 		}
+	}
+	check := func(posts []*post) error { return checkExchange(me, p, posts, x.RecvCount) }
+	if t.w.route == viaDevice {
+		pieces, into := make([][]*device.Tensor, len(x.Send)), make([][]*device.Tensor, len(x.Send))
+		for i := range x.Send {
+			for d := range n {
+				pieces[i] = append(pieces[i], rows(x.Send[i], x.SendOff[d], x.SendOff[d]+x.SendCount[d]))
+				into[i] = append(into[i], rows(x.Recv[i], x.RecvOff[d], x.RecvOff[d]+x.RecvCount[d]))
+			}
+		}
+		return t.move(s, p, pieces, into, check)
+	}
+	for _, snd := range x.Send {
 		segs := make([][]byte, n)
 		for d := range n {
 			b, err := hostBytes(s, snd, x.SendOff[d], x.SendOff[d]+x.SendCount[d])
@@ -377,26 +436,15 @@ func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
 		}
 		p.segs = append(p.segs, segs)
 	}
-	if err := t.w.barrier(t.rank, opAllToAllV, p); err != nil {
+	if err := t.w.barrier(me, opAllToAllV, p); err != nil {
 		return err
 	}
-	me := t.rank
+	if err := check(t.w.posts); err != nil {
+		return t.fail(err)
+	}
 	for src, q := range t.w.posts {
-		if err := disagree(me, p, src, q); err != nil {
-			return t.fail(err)
-		}
-		if q.op != opAllToAllV || len(q.segs) != len(p.segs) {
-			return t.fail(fmt.Errorf("ep: rank %d called AllToAllV with %d tensors while rank %d called %v with %d", me, len(p.segs), src, q.op, len(q.segs)))
-		}
 		for i := range p.segs {
-			rb := p.rowB[i]
-			if q.rowB[i] != rb {
-				return t.fail(fmt.Errorf("ep: AllToAllV tensor %d: rank %d sends rows of %d bytes, rank %d receives rows of %d", i, src, q.rowB[i], me, rb))
-			}
 			seg := q.segs[i][me]
-			if len(seg) != x.RecvCount[src]*rb {
-				return t.fail(fmt.Errorf("ep: AllToAllV tensor %d: rank %d sends %d rows to rank %d, which expects %d", i, src, len(seg)/max(rb, 1), me, x.RecvCount[src]))
-			}
 			if err := putBytes(s, x.Recv[i], x.RecvOff[src], x.RecvOff[src]+x.RecvCount[src], seg); err != nil {
 				return t.fail(err)
 			}
@@ -405,7 +453,41 @@ func (t *inproc) AllToAllV(s *device.Stream, x *Exchange) error {
 			}
 		}
 	}
-	return t.w.barrier(t.rank, opAllToAllV, nil)
+	return t.w.barrier(me, opAllToAllV, nil)
+}
+
+// checkExchange returns an error unless every rank's post is an AllToAllV that agrees
+// with p, rank me's, and sends me the rows it expects: recvCount[src] from rank src.
+func checkExchange(me int, p *post, posts []*post, recvCount []int) error {
+	for src, q := range posts {
+		if err := disagree(me, p, src, q); err != nil {
+			return err
+		}
+		if q.op != opAllToAllV || len(q.rowB) != len(p.rowB) {
+			return fmt.Errorf("ep: rank %d called AllToAllV with %d tensors while rank %d called %v with %d", me, len(p.rowB), src, q.op, len(q.rowB))
+		}
+		for i, rb := range p.rowB {
+			if q.rowB[i] != rb {
+				return fmt.Errorf("ep: AllToAllV tensor %d: rank %d sends rows of %d bytes, rank %d receives rows of %d", i, src, q.rowB[i], me, rb)
+			}
+			if nb := q.sends(i, me); nb != recvCount[src]*rb {
+				return fmt.Errorf("ep: AllToAllV tensor %d: rank %d sends %d rows to rank %d, which expects %d", i, src, nb/max(rb, 1), me, recvCount[src])
+			}
+		}
+	}
+	return nil
+}
+
+// sends returns the bytes of pair i that the post's rank sends rank d (AllGather: its
+// send tensor's).
+func (q *post) sends(i, d int) int {
+	switch {
+	case q.dev != nil:
+		return q.dev.pieces[i][d].Bytes()
+	case q.op == opAllGather:
+		return len(q.whole)
+	}
+	return len(q.segs[i][d])
 }
 
 // disagree describes how the AllToAllV posts of ranks a and b, both of an op of the
@@ -429,8 +511,9 @@ func disagree(a int, pa *post, b int, pb *post) error {
 	return nil
 }
 
-// Sync waits for s: the world's collectives are synchronous, so only s's own work can
-// be pending.
+// Sync waits for s. Through host memory the world's collectives are synchronous, so
+// only s's own work can be pending; device to device, s's copies wait only for events
+// the other ranks recorded before the collective returned, so s's work always ends.
 func (t *inproc) Sync(s *device.Stream) error {
 	if t.err != nil {
 		return t.err
