@@ -93,7 +93,7 @@ func (c *call) cpuRun() error {
 		return err
 	}
 	impl := blas32.Implementation()
-	a, b := c.operands(off)
+	a, b := f32s(c.a), f32s(c.b)
 	M, K, N, G := c.M, c.K, c.N, c.G
 	switch c.f {
 	case forward, inputGrad:
@@ -166,15 +166,6 @@ func (c *call) cpuRun() error {
 		return fmt.Errorf("gemm: unknown form %d", c.f)
 	}
 	return nil
-}
-
-// operands returns the f32 operands A and B of the call: those dequant gives, else a and
-// b as float32.
-func (c *call) operands(off []int) (a, b []float32) {
-	if c.dequant != nil {
-		return c.dequant(off)
-	}
-	return f32s(c.a), f32s(c.b)
 }
 
 // f32sRange returns elements [lo, hi) of t as float32.

@@ -87,10 +87,8 @@ type call struct {
 	M, K, N, G int
 
 	// op, if not 0, is the form that errors and status records name: a blockwise FP8
-	// call that runs as the form f on operands it dequantized. dequant, if not nil, gives
-	// the CPU path's f32 operands A and B (from the group row offsets) in place of a and b.
-	op      form
-	dequant func(off []int) (a, b []float32)
+	// call that runs as the form f on operands it dequantized.
+	op form
 }
 
 // name returns the form that the call's errors and status records name.
