@@ -12,16 +12,7 @@ import (
 // wrong-dtype and out-of-range arguments on the CPU: each returns an error naming the
 // argument, without a panic.
 func TestBadArgs(t *testing.T) {
-	s := device.CPU().Stream()
-	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed := func(typ device.DType, shape ...int) *device.Tensor {
-		x := al(typ, shape...)
-		dt.NoErr(t, x.Free())
-		return x
-	}
-	x := al(device.BF16, 64, 64)
-	y := al(device.F32, 64, 64)
-	gs := dt.Must(device.FromSlice(s, device.I32, []int32{40, 24}, 2))
+	s, al, freed, x, y, gs := badArgsFixture(t)
 	grouped := quant.Options{GroupSizes: gs}
 	q := dt.Must(quant.Quantize(s, x, quant.Options{}))
 	qg := dt.Must(quant.Quantize(s, x, grouped))
@@ -55,16 +46,13 @@ func TestBadArgs(t *testing.T) {
 		{"mode 5", quant.Options{Mode: 5}, "opt.Mode"},
 		{"dir 9", quant.Options{Dir: 9}, "opt.Dir"},
 		{"dir -1", quant.Options{Dir: -1}, "opt.Dir"},
-		{"freed group sizes", quant.Options{GroupSizes: freed(device.I32, 2)}, "opt.GroupSizes"},
-		{"f32 group sizes", quant.Options{GroupSizes: al(device.F32, 2)}, "opt.GroupSizes"},
-		{"rank-2 group sizes", quant.Options{GroupSizes: al(device.I32, 2, 1)}, "opt.GroupSizes"},
-		{"no groups", quant.Options{GroupSizes: al(device.I32, 0)}, "opt.GroupSizes"},
-		{"status not from NewStatus", quant.Options{Status: &device.Status{}}, "opt.Status"},
 	}
-	type badCase struct {
-		name string
-		call func() error
-		arg  string // the argument the error must name
+	for _, b := range badGroupArgs(al, freed) {
+		badOptions = append(badOptions, struct {
+			name string
+			opt  quant.Options
+			arg  string
+		}{b.name, quant.Options{GroupSizes: b.gs, Status: b.st}, b.arg})
 	}
 	cases := []badCase{
 		{"Alloc/nil stream", alloc(nil, 64, 64, quant.Options{}), "stream"},
@@ -125,9 +113,7 @@ func TestBadArgs(t *testing.T) {
 			badCase{"Quantize/" + b.name, quantize(x, b.opt), b.arg},
 			badCase{"QuantizeInto/" + b.name, into(q, x, b.opt), b.arg})
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) { dt.WantErrorNaming(t, c.call, c.arg) })
-	}
+	runBadCases(t, cases)
 
 	var none *quant.MXFP8
 	if err := none.Free(); err != nil || none.Tiles() != 0 {
@@ -138,5 +124,53 @@ func TestBadArgs(t *testing.T) {
 			t.Errorf("Dequantize with valid arguments: %v", err)
 		}
 		c.Free()
+	}
+}
+
+// badCase is a call with a bad argument.
+type badCase struct {
+	name string
+	call func() error
+	arg  string // the argument the error must name
+}
+
+// runBadCases checks that each case's call returns an error naming its argument.
+func runBadCases(t *testing.T, cases []badCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { dt.WantErrorNaming(t, c.call, c.arg) })
+	}
+}
+
+// badArgsFixture returns the CPU stream of the bad-argument tests, allocators of live
+// and of freed tensors on it, a bf16 x and an f32 y of 64×64, and valid group sizes
+// {40, 24} for x's rows.
+func badArgsFixture(t *testing.T) (s *device.Stream, al, freed func(device.DType, ...int) *device.Tensor, x, y, gs *device.Tensor) {
+	s = device.CPU().Stream()
+	al = func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
+	freed = func(typ device.DType, shape ...int) *device.Tensor {
+		x := al(typ, shape...)
+		dt.NoErr(t, x.Free())
+		return x
+	}
+	return s, al, freed, al(device.BF16, 64, 64), al(device.F32, 64, 64), dt.Must(device.FromSlice(s, device.I32, []int32{40, 24}, 2))
+}
+
+// badGroup is a bad value of the options' group sizes or Status, which arg names.
+type badGroup struct {
+	name string
+	gs   *device.Tensor
+	st   *device.Status
+	arg  string
+}
+
+// badGroupArgs returns the bad group sizes and Status that every quantization of
+// activations refuses, allocated with al and freed.
+func badGroupArgs(al, freed func(device.DType, ...int) *device.Tensor) []badGroup {
+	return []badGroup{
+		{"freed group sizes", freed(device.I32, 2), nil, "opt.GroupSizes"},
+		{"f32 group sizes", al(device.F32, 2), nil, "opt.GroupSizes"},
+		{"rank-2 group sizes", al(device.I32, 2, 1), nil, "opt.GroupSizes"},
+		{"no groups", al(device.I32, 0), nil, "opt.GroupSizes"},
+		{"status not from NewStatus", nil, &device.Status{}, "opt.Status"},
 	}
 }

@@ -60,6 +60,19 @@ func benchShape(d *device.Device) (int, int) {
 	return 2048, 1024
 }
 
+// timeBytes times b.N calls of op on s, after what s holds has run, and reports GB/s
+// of bytes a call.
+func timeBytes(b *testing.B, s *device.Stream, bytes int, op func() error) {
+	dt.NoErr(b, s.Synchronize())
+	b.SetBytes(int64(bytes))
+	b.ResetTimer()
+	for range b.N {
+		dt.NoErr(b, op())
+	}
+	dt.NoErr(b, s.Synchronize())
+	b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}
+
 // BenchmarkQuantize reports GB/s counted as bytes read + bytes written.
 func BenchmarkQuantize(b *testing.B) {
 	for _, c := range benchCases {
@@ -72,14 +85,7 @@ func BenchmarkQuantize(b *testing.B) {
 					defer x.Free()
 					defer q.Free()
 					dt.NoErr(b, QuantizeInto(s, q, x, opt)) // compiles the kernels
-					dt.NoErr(b, s.Synchronize())
-					b.SetBytes(int64(bytes))
-					b.ResetTimer()
-					for range b.N {
-						dt.NoErr(b, QuantizeInto(s, q, x, opt))
-					}
-					dt.NoErr(b, s.Synchronize())
-					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					timeBytes(b, s, bytes, func() error { return QuantizeInto(s, q, x, opt) })
 				})
 			}
 		})
@@ -97,15 +103,8 @@ func BenchmarkDequantize(b *testing.B) {
 			defer q.Free()
 			dt.NoErr(b, QuantizeInto(s, q, x, opt))
 			dt.NoErr(b, Dequantize(s, x, q, Rowwise))
-			dt.NoErr(b, s.Synchronize())
 			bytes := x.Bytes() + q.Row.Bytes() + q.RowScale.Bytes()
-			b.SetBytes(int64(bytes))
-			b.ResetTimer()
-			for range b.N {
-				dt.NoErr(b, Dequantize(s, x, q, Rowwise))
-			}
-			dt.NoErr(b, s.Synchronize())
-			b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			timeBytes(b, s, bytes, func() error { return Dequantize(s, x, q, Rowwise) })
 		})
 	}
 }
@@ -202,14 +201,7 @@ func BenchmarkQuantizeBlockwise(b *testing.B) {
 						defer device.FreeAll(x, opt.GroupSizes)
 						defer q.Free()
 						dt.NoErr(b, QuantizeBlockwiseInto(s, q, x, opt)) // compiles the kernels
-						dt.NoErr(b, s.Synchronize())
-						b.SetBytes(int64(bytes))
-						b.ResetTimer()
-						for range b.N {
-							dt.NoErr(b, QuantizeBlockwiseInto(s, q, x, opt))
-						}
-						dt.NoErr(b, s.Synchronize())
-						b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+						timeBytes(b, s, bytes, func() error { return QuantizeBlockwiseInto(s, q, x, opt) })
 					})
 				}
 			}
@@ -245,14 +237,7 @@ func BenchmarkQuantizeWeights(b *testing.B) {
 			w, q, bytes := bwWeightSetup(b, s, d)
 			defer w.Free()
 			defer q.Free()
-			dt.NoErr(b, s.Synchronize())
-			b.SetBytes(int64(bytes))
-			b.ResetTimer()
-			for range b.N {
-				dt.NoErr(b, quantizeWeightsInto(s, q, w))
-			}
-			dt.NoErr(b, s.Synchronize())
-			b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			timeBytes(b, s, bytes, func() error { return quantizeWeightsInto(s, q, w) })
 		})
 	}
 }

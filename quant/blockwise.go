@@ -128,8 +128,8 @@ func AllocBlockwise(s *device.Stream, m, k int, opt BlockOptions) (*Blockwise, e
 	if err := checkBlockOptions(fn, s, opt); err != nil {
 		return nil, err
 	}
-	if m < 0 || k < 0 {
-		return nil, fmt.Errorf("quant: %s: shape m×k = %d×%d: want m, k ≥ 0", fn, m, k)
+	if err := checkShapeArgs(fn, m, k); err != nil {
+		return nil, err
 	}
 	return allocBlockwise(fn, s, m, k, opt, fmt.Sprintf("shape m×k = %d×%d", m, k))
 }
@@ -137,12 +137,9 @@ func AllocBlockwise(s *device.Stream, m, k int, opt BlockOptions) (*Blockwise, e
 // allocBlockwise is AllocBlockwise for fn, whose options are checked, of an m×k source
 // that what describes.
 func allocBlockwise(fn string, s *device.Stream, m, k int, opt BlockOptions, what string) (*Blockwise, error) {
-	groups := 0
-	if opt.GroupSizes != nil {
-		groups = opt.GroupSizes.Len()
-		if groups == 0 && m > 0 {
-			return nil, fmt.Errorf("quant: %s: opt.GroupSizes is %v: no groups for %d rows", fn, opt.GroupSizes, m)
-		}
+	groups, err := groupCount(fn, opt.GroupSizes, m)
+	if err != nil {
+		return nil, err
 	}
 	g := newBwGeom(m, k, groups, opt.GroupSizes != nil)
 	if err := g.check(); err != nil {
@@ -159,7 +156,7 @@ func allocBlockwise(fn string, s *device.Stream, m, k int, opt BlockOptions, wha
 		q.ColT = ts.Alloc(opt.Format.DType(), g.colTShape()...)
 		q.ColTScale = ts.Alloc(device.F32, g.colTScaleShape()...)
 	}
-	err := ts.Err()
+	err = ts.Err()
 	if g.grouped && err == nil {
 		q.alloc.tiles = ts.Alloc(device.I32, g.ntiles, 2)
 		if s.Device().IsCUDA() {
@@ -204,39 +201,15 @@ func (q *Blockwise) check(fn string, s *device.Stream, use Direction) error {
 	if (q.Row != nil) != q.Dir.rows() || (q.ColT != nil) != q.Dir.cols() {
 		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v: want q as AllocBlockwise made it", fn, q.Dir)
 	}
-	for _, c := range []struct {
-		name  string
-		t     *device.Tensor
-		used  bool
-		dt    device.DType
-		shape []int
-	}{
-		{"q.Row", q.Row, use.rows(), q.Format.DType(), []int{g.m, g.k}},
-		{"q.RowScale", q.RowScale, use.rows(), device.F32, g.rowScaleShape()},
-		{"q.ColT", q.ColT, use.cols(), q.Format.DType(), g.colTShape()},
-		{"q.ColTScale", q.ColTScale, use.cols(), device.F32, g.colTScaleShape()},
-	} {
-		if !c.used {
-			continue
-		}
-		if c.t == nil {
-			return fmt.Errorf("quant: %s: %s is nil, q.Dir is %v", fn, c.name, q.Dir)
-		}
-		if err := c.t.CheckShape(s, c.name, c.dt, c.shape...); err != nil {
-			return fmt.Errorf("quant: %s: %w", fn, err)
-		}
+	if err := checkParts(fn, s, q.Dir, ", ",
+		part{"q.Row", q.Row, use.rows(), q.Format.DType(), []int{g.m, g.k}},
+		part{"q.RowScale", q.RowScale, use.rows(), device.F32, g.rowScaleShape()},
+		part{"q.ColT", q.ColT, use.cols(), q.Format.DType(), g.colTShape()},
+		part{"q.ColTScale", q.ColTScale, use.cols(), device.F32, g.colTScaleShape()},
+	); err != nil {
+		return err
 	}
-	if g.grouped && q.alloc.tiles == nil {
-		return fmt.Errorf("quant: %s: q has a grouped layout without its token blocks: want q as AllocBlockwise made it", fn)
-	}
-	for _, t := range []*device.Tensor{q.alloc.tiles, q.alloc.gtab} {
-		if t != nil {
-			if err := t.Check(s, "q's token blocks"); err != nil {
-				return fmt.Errorf("quant: %s: %w", fn, err)
-			}
-		}
-	}
-	return nil
+	return checkTables(fn, s, g.grouped, "token blocks", "AllocBlockwise", q.alloc.tiles, q.alloc.gtab)
 }
 
 // checkBlockOptions returns an error of fn unless s is a stream and opt's fields are
@@ -298,32 +271,15 @@ func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x 
 	if err := q.check(fn, s, q.Dir); err != nil {
 		return err
 	}
-	if err := checkSource(fn, s, x); err != nil {
+	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
 		return err
 	}
-	if x.Dim(0) != q.M || x.Dim(1) != q.K {
-		return fmt.Errorf("quant: %s: x is %v: want [%d %d], the shape q was allocated for", fn, x, q.M, q.K)
+	if err := checkHolds(fn, opt.Format, q.Format, opt.Dir, q.Dir); err != nil {
+		return err
 	}
-	switch gs := opt.GroupSizes; {
-	case opt.Format != q.Format:
-		return fmt.Errorf("quant: %s: opt.Format is %v, q holds %v", fn, opt.Format, q.Format)
-	case opt.Dir != q.Dir:
-		return fmt.Errorf("quant: %s: opt.Dir is %v, q holds %v", fn, opt.Dir, q.Dir)
-	case gs == nil && q.alloc.g.grouped:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is nil, q has a grouped layout", fn)
-	case gs != nil && !q.alloc.g.grouped:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is %v, q has an ungrouped layout", fn, gs)
-	case gs != nil && gs.Len() > q.Groups:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is %v, q has room for %d groups", fn, gs, q.Groups)
-	case gs != nil && gs.Len() == 0 && q.M > 0:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is %v: no groups for %d rows", fn, gs, q.M)
-	}
-	st := opt.Status
-	if st == nil && q.alloc.g.grouped {
-		if err := q.Status.Usable(s, "q.Status"); err != nil {
-			return fmt.Errorf("quant: %s: %w", fn, err)
-		}
-		st = q.Status
+	st, err := intoStatus(fn, s, opt.GroupSizes, opt.Status, q.Status, q.alloc.g.grouped, q.Groups, q.M)
+	if err != nil {
+		return err
 	}
 	q.Scale = opt.Scale
 	if s.Device().IsCUDA() {
@@ -355,11 +311,8 @@ func DequantizeBlockwise(s *device.Stream, dst *device.Tensor, q *Blockwise, dir
 	if err := q.check(fn, s, dir); err != nil {
 		return err
 	}
-	if err := dst.Check(s, "dst"); err != nil {
-		return fmt.Errorf("quant: %s: %w", fn, err)
-	}
-	if dt := dst.DType(); (dt != device.BF16 && dt != device.F32) || !dst.HasShape(device.Invalid, q.M, q.K) {
-		return fmt.Errorf("quant: %s: dst is %v: want bf16 or f32 [%d %d]", fn, dst, q.M, q.K)
+	if err := checkDst(fn, s, dst, q.M, q.K); err != nil {
+		return err
 	}
 	if s.Device().IsCUDA() {
 		return dequantizeBlockwiseGPU(s, dst, q, dir)

@@ -12,16 +12,7 @@ import (
 // wrong-shape, wrong-dtype and out-of-range arguments on the CPU: each returns an error
 // naming the argument, without a panic.
 func TestBlockwiseBadArgs(t *testing.T) {
-	s := device.CPU().Stream()
-	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed := func(typ device.DType, shape ...int) *device.Tensor {
-		x := al(typ, shape...)
-		dt.NoErr(t, x.Free())
-		return x
-	}
-	x := al(device.BF16, 64, 64)
-	y := al(device.F32, 64, 64)
-	gs := dt.Must(device.FromSlice(s, device.I32, []int32{40, 24}, 2))
+	s, al, freed, x, y, gs := badArgsFixture(t)
 	grouped := quant.BlockOptions{Dir: quant.Both, GroupSizes: gs}
 	q := dt.Must(quant.QuantizeBlockwise(s, x, quant.BlockOptions{}))
 	qg := dt.Must(quant.QuantizeBlockwise(s, x, grouped))
@@ -72,16 +63,13 @@ func TestBlockwiseBadArgs(t *testing.T) {
 		{"scale 5", quant.BlockOptions{Scale: 5}, "opt.Scale"},
 		{"dir 9", quant.BlockOptions{Dir: 9}, "opt.Dir"},
 		{"NK", quant.BlockOptions{NK: true}, "opt.NK"},
-		{"freed group sizes", quant.BlockOptions{GroupSizes: freed(device.I32, 2)}, "opt.GroupSizes"},
-		{"f32 group sizes", quant.BlockOptions{GroupSizes: al(device.F32, 2)}, "opt.GroupSizes"},
-		{"rank-2 group sizes", quant.BlockOptions{GroupSizes: al(device.I32, 2, 1)}, "opt.GroupSizes"},
-		{"no groups", quant.BlockOptions{GroupSizes: al(device.I32, 0)}, "opt.GroupSizes"},
-		{"status not from NewStatus", quant.BlockOptions{Status: &device.Status{}}, "opt.Status"},
 	}
-	type badCase struct {
-		name string
-		call func() error
-		arg  string // the argument the error must name
+	for _, b := range badGroupArgs(al, freed) {
+		badOptions = append(badOptions, struct {
+			name string
+			opt  quant.BlockOptions
+			arg  string
+		}{b.name, quant.BlockOptions{GroupSizes: b.gs, Status: b.st}, b.arg})
 	}
 	cases := []badCase{
 		{"AllocBlockwise/nil stream", alloc(nil, 64, 64, quant.BlockOptions{}), "stream"},
@@ -165,9 +153,7 @@ func TestBlockwiseBadArgs(t *testing.T) {
 			badCase{"QuantizeBlockwise/" + b.name, quantize(x, b.opt), b.arg},
 			badCase{"QuantizeBlockwiseInto/" + b.name, into(q, x, b.opt), b.arg})
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) { dt.WantErrorNaming(t, c.call, c.arg) })
-	}
+	runBadCases(t, cases)
 
 	var none *quant.Blockwise
 	var noneW *quant.BlockwiseWeights

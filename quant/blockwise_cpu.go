@@ -117,14 +117,14 @@ func bwStore(dst *device.Tensor) func(i int, v float32) {
 
 func dequantizeBlockwiseCPU(s *device.Stream, dst *device.Tensor, q *Blockwise, dir Direction) error {
 	return s.EnqueueCPU(func() {
-		g, f := q.alloc.g, q.Format
+		g, tab := q.alloc.g, q.Format.decodeTable()
 		put := bwStore(dst)
 		if dir == Rowwise {
 			e, sc := bytesOf(q.Row), device.Slice[float32](q.RowScale)
 			par.For(g.m, max(1, 4096/max(g.k, 1)), func(lo, hi int) {
 				for m := lo; m < hi; m++ {
 					for j := range g.k {
-						put(m*g.k+j, blockDecode(f, e[m*g.k+j], sc[(j/BlockSize)*g.mr+m]))
+						put(m*g.k+j, blockDecode(tab, e[m*g.k+j], sc[(j/BlockSize)*g.mr+m]))
 					}
 				}
 			})
@@ -138,7 +138,7 @@ func dequantizeBlockwiseCPU(s *device.Stream, dst *device.Tensor, q *Blockwise, 
 				row0, n := int(ts[t].row0), int(ts[t].n)
 				for r := range n {
 					for j := range g.k {
-						put((row0+r)*g.k+j, blockDecode(f, e[j*mp+t*BlockSize+r], sc[t*g.k+j]))
+						put((row0+r)*g.k+j, blockDecode(tab, e[j*mp+t*BlockSize+r], sc[t*g.k+j]))
 					}
 				}
 			}
@@ -187,7 +187,7 @@ func quantizeWeightsCPU(s *device.Stream, q *BlockwiseWeights, w *device.Tensor)
 
 func dequantizeWeightsCPU(s *device.Stream, dst *device.Tensor, q *BlockwiseWeights) error {
 	return s.EnqueueCPU(func() {
-		g, f := q.wg, q.Format
+		g, tab := q.wg, q.Format.decodeTable()
 		put := bwStore(dst)
 		e, sc := bytesOf(q.NMajor), device.Slice[float32](q.Scales)
 		nkt, nnt := ceilDiv(g.k, BlockSize), ceilDiv(g.n, BlockSize)
@@ -196,7 +196,7 @@ func dequantizeWeightsCPU(s *device.Stream, dst *device.Tensor, q *BlockwiseWeig
 				ge, k := gk/g.k, gk%g.k
 				for n := range g.n {
 					i := gk*g.n + n
-					put(i, blockDecode(f, e[i], sc[(ge*nkt+k/BlockSize)*nnt+n/BlockSize]))
+					put(i, blockDecode(tab, e[i], sc[(ge*nkt+k/BlockSize)*nnt+n/BlockSize]))
 				}
 			}
 		})

@@ -41,9 +41,10 @@ func blockScale(amax float32, f Format, k ScaleKind) float32 {
 // in float32, then encoded (saturating; NaN to the NaN code).
 func blockEncode(f Format, v, s float32) uint8 { return f.encode(v / s) }
 
-// blockDecode returns decode(c)·s in float32, NaN as the quiet NaN 0x7FC00000.
-func blockDecode(f Format, c uint8, s float32) float32 {
-	v := f.decode(c) * s
+// blockDecode returns decode(c)·s in float32, NaN as the quiet NaN 0x7FC00000; tab is
+// the format's decodeTable.
+func blockDecode(tab *[256]float32, c uint8, s float32) float32 {
+	v := tab[c] * s
 	if v != v {
 		return nanF32
 	}

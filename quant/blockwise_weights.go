@@ -144,11 +144,8 @@ func DequantizeWeights(s *device.Stream, dst *device.Tensor, q *BlockwiseWeights
 			return fmt.Errorf("quant: %s: %w", fn, err)
 		}
 	}
-	if err := dst.Check(s, "dst"); err != nil {
-		return fmt.Errorf("quant: %s: %w", fn, err)
-	}
-	if dt := dst.DType(); (dt != device.BF16 && dt != device.F32) || !dst.HasShape(device.Invalid, g.g, g.k, g.n) {
-		return fmt.Errorf("quant: %s: dst is %v: want bf16 or f32 [%d %d %d]", fn, dst, g.g, g.k, g.n)
+	if err := checkDst(fn, s, dst, g.g, g.k, g.n); err != nil {
+		return err
 	}
 	if s.Device().IsCUDA() {
 		return dequantizeWeightsGPU(s, dst, q)

@@ -78,6 +78,22 @@ func (f Format) decode(c uint8) float32 {
 	return device.E4M3ToFloat32(c)
 }
 
+// decodeTabs holds decode of every code: E4M3's, then E5M2's.
+var decodeTabs = func() (t [2][256]float32) {
+	for c := range 256 {
+		t[0][c], t[1][c] = device.E4M3ToFloat32(uint8(c)), device.E5M2ToFloat32(uint8(c))
+	}
+	return t
+}()
+
+// decodeTable returns decode of every code of f, indexed by the code.
+func (f Format) decodeTable() *[256]float32 {
+	if f == E5M2 {
+		return &decodeTabs[1]
+	}
+	return &decodeTabs[0]
+}
+
 // ScaleMode is the rule that picks a block's E8M0 scale from its largest magnitude.
 type ScaleMode int
 

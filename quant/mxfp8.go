@@ -3,7 +3,6 @@ package quant
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/dropless/dropless/device"
 )
@@ -79,8 +78,8 @@ func Alloc(s *device.Stream, m, k int, opt Options) (*MXFP8, error) {
 	if err := checkOptions(fn, s, opt); err != nil {
 		return nil, err
 	}
-	if m < 0 || k < 0 {
-		return nil, fmt.Errorf("quant: %s: shape m×k = %d×%d: want m, k ≥ 0", fn, m, k)
+	if err := checkShapeArgs(fn, m, k); err != nil {
+		return nil, err
 	}
 	return alloc(fn, s, m, k, opt, fmt.Sprintf("shape m×k = %d×%d", m, k))
 }
@@ -88,12 +87,9 @@ func Alloc(s *device.Stream, m, k int, opt Options) (*MXFP8, error) {
 // alloc is Alloc for fn, whose options are checked, of an m×k source that what
 // describes.
 func alloc(fn string, s *device.Stream, m, k int, opt Options, what string) (*MXFP8, error) {
-	groups := 0
-	if opt.GroupSizes != nil {
-		groups = opt.GroupSizes.Len()
-		if groups == 0 && m > 0 {
-			return nil, fmt.Errorf("quant: %s: opt.GroupSizes is %v: no groups for %d rows", fn, opt.GroupSizes, m)
-		}
+	groups, err := groupCount(fn, opt.GroupSizes, m)
+	if err != nil {
+		return nil, err
 	}
 	g := newGeom(m, k, groups, opt.GroupSizes != nil)
 	if err := g.check(); err != nil {
@@ -110,7 +106,6 @@ func alloc(fn string, s *device.Stream, m, k int, opt Options, what string) (*MX
 		q.Col = ts.Alloc(opt.Format.DType(), m, k)
 		q.ColScale = ts.Alloc(device.E8M0, g.colScaleShape()...)
 	}
-	var err error
 	if q.grouped {
 		q.tiles = ts.Alloc(device.I32, g.ntiles, 4)
 		if s.Device().IsCUDA() {
@@ -150,42 +145,15 @@ func (q *MXFP8) check(fn string, s *device.Stream, use Direction) error {
 		return fmt.Errorf("quant: %s: q is %d×%d %v %v with %d groups, allocated as %d×%d with %d: want q as Alloc made it",
 			fn, q.M, q.K, q.Format, q.Dir, q.Groups, q.g.m, q.g.k, q.g.groups)
 	}
-	for _, c := range []struct {
-		name  string
-		t     *device.Tensor
-		used  bool
-		dt    device.DType
-		shape []int
-	}{
-		{"q.Row", q.Row, use.rows(), q.Format.DType(), []int{q.M, q.K}},
-		{"q.RowScale", q.RowScale, use.rows(), device.E8M0, q.g.rowScaleShape()},
-		{"q.Col", q.Col, use.cols(), q.Format.DType(), []int{q.M, q.K}},
-		{"q.ColScale", q.ColScale, use.cols(), device.E8M0, q.g.colScaleShape()},
-	} {
-		if !c.used {
-			continue
-		}
-		if c.t == nil {
-			return fmt.Errorf("quant: %s: %s is nil, q.Dir is %v", fn, c.name, q.Dir)
-		}
-		if err := c.t.Check(s, c.name); err != nil {
-			return fmt.Errorf("quant: %s: %w", fn, err)
-		}
-		if c.t.DType() != c.dt || !slices.Equal(c.t.Shape(), c.shape) {
-			return fmt.Errorf("quant: %s: %s is %v: want %v%v", fn, c.name, c.t, c.dt, c.shape)
-		}
+	if err := checkParts(fn, s, q.Dir, ": ",
+		part{"q.Row", q.Row, use.rows(), q.Format.DType(), []int{q.M, q.K}},
+		part{"q.RowScale", q.RowScale, use.rows(), device.E8M0, q.g.rowScaleShape()},
+		part{"q.Col", q.Col, use.cols(), q.Format.DType(), []int{q.M, q.K}},
+		part{"q.ColScale", q.ColScale, use.cols(), device.E8M0, q.g.colScaleShape()},
+	); err != nil {
+		return err
 	}
-	if q.grouped && q.tiles == nil {
-		return fmt.Errorf("quant: %s: q has a grouped layout without its tile table: want q as Alloc made it", fn)
-	}
-	for _, t := range []*device.Tensor{q.tiles, q.gtab} {
-		if t != nil {
-			if err := t.Check(s, "q's tile table"); err != nil {
-				return fmt.Errorf("quant: %s: %w", fn, err)
-			}
-		}
-	}
-	return nil
+	return checkTables(fn, s, q.grouped, "tile table", "Alloc", q.tiles, q.gtab)
 }
 
 // Quantize quantizes x, a BF16 or F32 [M, K] tensor, to MXFP8 as opt says, enqueued on
@@ -238,34 +206,18 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	if (q.Row != nil) != q.Dir.rows() || (q.Col != nil) != q.Dir.cols() {
 		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v", fn, q.Dir)
 	}
-	if err := checkSource(fn, s, x); err != nil {
+	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
 		return err
 	}
-	if x.Dim(0) != q.M || x.Dim(1) != q.K {
-		return fmt.Errorf("quant: %s: x is %v: want [%d %d], the shape q was allocated for", fn, x, q.M, q.K)
+	if err := checkHolds(fn, opt.Format, q.Format, opt.Dir, q.Dir); err != nil {
+		return err
 	}
-	switch gs := opt.GroupSizes; {
-	case opt.Format != q.Format:
-		return fmt.Errorf("quant: %s: opt.Format is %v, q holds %v", fn, opt.Format, q.Format)
-	case opt.Dir != q.Dir:
-		return fmt.Errorf("quant: %s: opt.Dir is %v, q holds %v", fn, opt.Dir, q.Dir)
-	case opt.Swizzle != q.Swizzled:
+	if opt.Swizzle != q.Swizzled {
 		return fmt.Errorf("quant: %s: opt.Swizzle is %v, q has Swizzled %v", fn, opt.Swizzle, q.Swizzled)
-	case gs == nil && q.grouped:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is nil, q has a grouped layout", fn)
-	case gs != nil && !q.grouped:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is %v, q has an ungrouped layout", fn, gs)
-	case gs != nil && gs.Len() > q.Groups:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is %v, q has room for %d groups", fn, gs, q.Groups)
-	case gs != nil && gs.Len() == 0 && q.M > 0:
-		return fmt.Errorf("quant: %s: opt.GroupSizes is %v: no groups for %d rows", fn, gs, q.M)
 	}
-	st := opt.Status
-	if st == nil && q.grouped {
-		if err := q.Status.Usable(s, "q.Status"); err != nil {
-			return fmt.Errorf("quant: %s: %w", fn, err)
-		}
-		st = q.Status
+	st, err := intoStatus(fn, s, opt.GroupSizes, opt.Status, q.Status, q.grouped, q.Groups, q.M)
+	if err != nil {
+		return err
 	}
 	q.Mode = opt.Mode
 	if s.Device().IsCUDA() {
@@ -339,11 +291,8 @@ func Dequantize(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction) e
 	if err := q.check(fn, s, dir); err != nil {
 		return err
 	}
-	if err := dst.Check(s, "dst"); err != nil {
-		return fmt.Errorf("quant: %s: %w", fn, err)
-	}
-	if dt := dst.DType(); (dt != device.BF16 && dt != device.F32) || dst.Rank() != 2 || dst.Dim(0) != q.M || dst.Dim(1) != q.K {
-		return fmt.Errorf("quant: %s: dst is %v: want bf16 or f32 [%d %d]", fn, dst, q.M, q.K)
+	if err := checkDst(fn, s, dst, q.M, q.K); err != nil {
+		return err
 	}
 	if s.Device().IsCUDA() {
 		return dequantizeGPU(s, dst, q, dir, data, scale)
