@@ -28,19 +28,21 @@ func randomFill(b *testing.B, s *device.Stream, t *device.Tensor, seed uint64, s
 
 // BenchmarkRaggedDot times the forward form, bf16 in and out, on the baseline cases
 // (one small case on the CPU), reporting TFLOP/s = 2·M·K·N / time.
-func BenchmarkRaggedDot(b *testing.B) { benchmark(b, fwd) }
+func BenchmarkRaggedDot(b *testing.B) { benchmark(b, fwd, benchCall) }
 
 // BenchmarkRaggedDotWeightGrad times the weight-gradient form likewise.
-func BenchmarkRaggedDotWeightGrad(b *testing.B) { benchmark(b, wgrad) }
+func BenchmarkRaggedDotWeightGrad(b *testing.B) { benchmark(b, wgrad, benchCall) }
 
-func benchmark(b *testing.B, f form) {
+// benchmark runs bench for form f on each device, in a sub-benchmark per baseline case
+// (one small case on the CPU) named device/case.
+func benchmark(b *testing.B, f form, bench func(*testing.B, *device.Device, form, baseline.Case)) {
 	for _, d := range dt.Devices(b) {
 		cases := baseline.Cases()
 		if !d.IsCUDA() {
 			cases = []baseline.Case{baseline.CPUCase()}
 		}
 		for _, bc := range cases {
-			b.Run(d.String()+"/"+bc.Name, func(b *testing.B) { benchCall(b, d, f, bc) })
+			b.Run(d.String()+"/"+bc.Name, func(b *testing.B) { bench(b, d, f, bc) })
 		}
 	}
 }
@@ -106,26 +108,14 @@ func timeCalls(b *testing.B, s *device.Stream, flops float64, call func() error)
 // output) on the baseline cases (one small case on the CPU), reporting TFLOP/s =
 // 2·M·K·N / time, the bf16 product's count. The FP8 operands are quantized once, outside
 // the timed loop, by package quant from random bf16 data (f32 scales).
-func BenchmarkRaggedDotBlockwise(b *testing.B) { blockBenchmark(b, fwd) }
+func BenchmarkRaggedDotBlockwise(b *testing.B) { benchmark(b, fwd, blockBenchCall) }
 
 // BenchmarkRaggedDotBlockwiseInputGrad times the blockwise FP8 input gradient likewise.
-func BenchmarkRaggedDotBlockwiseInputGrad(b *testing.B) { blockBenchmark(b, dgrad) }
+func BenchmarkRaggedDotBlockwiseInputGrad(b *testing.B) { benchmark(b, dgrad, blockBenchCall) }
 
 // BenchmarkRaggedDotBlockwiseWeightGrad times the blockwise FP8 weight gradient likewise,
 // its operands quantized in the case's groups.
-func BenchmarkRaggedDotBlockwiseWeightGrad(b *testing.B) { blockBenchmark(b, wgrad) }
-
-func blockBenchmark(b *testing.B, f form) {
-	for _, d := range dt.Devices(b) {
-		cases := baseline.Cases()
-		if !d.IsCUDA() {
-			cases = []baseline.Case{baseline.CPUCase()}
-		}
-		for _, bc := range cases {
-			b.Run(d.String()+"/"+bc.Name, func(b *testing.B) { blockBenchCall(b, d, f, bc) })
-		}
-	}
-}
+func BenchmarkRaggedDotBlockwiseWeightGrad(b *testing.B) { benchmark(b, wgrad, blockBenchCall) }
 
 func blockBenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	s := d.Stream()

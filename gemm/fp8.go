@@ -177,17 +177,33 @@ func checkFormat(name string, f quant.Format) error {
 	return nil
 }
 
-// checkRows checks the rowwise form of q, named name: Row Format [M, K] and RowScale F32
-// [ceil(K/128), roundup(M, 4)] on s's device.
-func checkRows(s *device.Stream, name string, q *quant.Blockwise) error {
+// checkForm checks that q, named name, is not nil, is E4M3 or E5M2 and holds the form
+// a call reads: the rowwise one (Row, RowScale) when rowwise, else the columnwise one
+// (ColT, ColTScale). Its shapes are left to checkRows and checkColT.
+func checkForm(name string, q *quant.Blockwise, rowwise bool) error {
 	if q == nil {
 		return fmt.Errorf("%s is nil", name)
 	}
 	if err := checkFormat(name, q.Format); err != nil {
 		return err
 	}
-	if q.Row == nil || q.RowScale == nil {
-		return fmt.Errorf("%s has no rowwise form (%s.Row, %s.RowScale): quantize it with Dir Rowwise or Both", name, name, name)
+	form, data, scale, dir := "rowwise", "Row", "RowScale", "Rowwise"
+	has := q.Row != nil && q.RowScale != nil
+	if !rowwise {
+		form, data, scale, dir = "columnwise", "ColT", "ColTScale", "Columnwise"
+		has = q.ColT != nil && q.ColTScale != nil
+	}
+	if !has {
+		return fmt.Errorf("%s has no %s form (%s.%s, %s.%s): quantize it with Dir %s or Both", name, form, name, data, name, scale, dir)
+	}
+	return nil
+}
+
+// checkRows checks the rowwise form of q, named name: Row Format [M, K] and RowScale F32
+// [ceil(K/128), roundup(M, 4)] on s's device.
+func checkRows(s *device.Stream, name string, q *quant.Blockwise) error {
+	if err := checkForm(name, q, true); err != nil {
+		return err
 	}
 	if q.M < 0 || q.K < 0 {
 		return fmt.Errorf("%s is quantized [%d %d]: want non-negative dimensions", name, q.M, q.K)
@@ -201,14 +217,8 @@ func checkRows(s *device.Stream, name string, q *quant.Blockwise) error {
 // checkColT checks the columnwise form of q, named name: ColT Format [K, Mp] and ColTScale
 // F32 [Mp/128, K] on s's device.
 func checkColT(s *device.Stream, name string, q *quant.Blockwise) error {
-	if q == nil {
-		return fmt.Errorf("%s is nil", name)
-	}
-	if err := checkFormat(name, q.Format); err != nil {
+	if err := checkForm(name, q, false); err != nil {
 		return err
-	}
-	if q.ColT == nil || q.ColTScale == nil {
-		return fmt.Errorf("%s has no columnwise form (%s.ColT, %s.ColTScale): quantize it with Dir Columnwise or Both", name, name, name)
 	}
 	if q.M < 0 || q.K < 0 || q.Groups < 0 {
 		return fmt.Errorf("%s is quantized [%d %d] in %d groups: want non-negative dimensions", name, q.M, q.K, q.Groups)

@@ -192,20 +192,30 @@ func (o *bop) call(s *device.Stream, c *device.Tensor, a, b *quant.Blockwise, w 
 	return gemm.RaggedDotBlockwiseWeightGrad(s, c, a, b, sz, opt)
 }
 
-// run executes the call on s into a poisoned output (replayed from a captured graph when
-// capture is set) and returns the output's and its guard's bytes.
-func (o *bop) run(t *testing.T, s *device.Stream, opt *gemm.Options, capture bool) result {
-	t.Helper()
-	a := o.a.upload(s)
-	var b *quant.Blockwise
-	var w *quant.BlockwiseWeights
+// upload puts o's quantized operands on s (a, and b or w where o has them; nil otherwise)
+// with its sizes, an I32[G] tensor; free releases them all.
+func (o *bop) upload(s *device.Stream) (a, b *quant.Blockwise, w *quant.BlockwiseWeights, sz *device.Tensor, free func()) {
+	a = o.a.upload(s)
 	if o.b != nil {
 		b = o.b.upload(s)
 	}
 	if o.w != nil {
 		w = o.w.upload(s)
 	}
-	sz := dt.Must(device.FromSlice(s, device.I32, o.sizes, len(o.sizes)))
+	sz = dt.Must(device.FromSlice(s, device.I32, o.sizes, len(o.sizes)))
+	return a, b, w, sz, func() {
+		a.Free()
+		b.Free()
+		w.Free()
+		sz.Free()
+	}
+}
+
+// run executes the call on s into a poisoned output (replayed from a captured graph when
+// capture is set) and returns the output's and its guard's bytes.
+func (o *bop) run(t *testing.T, s *device.Stream, opt *gemm.Options, capture bool) result {
+	t.Helper()
+	a, b, w, sz, free := o.upload(s)
 	n := prod(o.outShape())
 	base := dt.Must(s.Alloc(o.out, n+guard))
 	dt.Poison(t, s, base)
@@ -230,10 +240,8 @@ func (o *bop) run(t *testing.T, s *device.Stream, opt *gemm.Options, capture boo
 		dt.NoErr(t, call())
 	}
 	all := dt.Must(download(s, base))
-	a.Free()
-	b.Free()
-	w.Free()
-	device.FreeAll(sz, base)
+	free()
+	base.Free()
 	es := o.out.Size()
 	return result{out: all[:n*es], guard: all[n*es:]}
 }
@@ -649,13 +657,7 @@ func TestBlockwiseDeterministicAndCapture(t *testing.T) {
 		s := d.Stream()
 		for i, bf := range blockForms {
 			o := newBop(uint64(700+i), blockShapes[3], bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
-			a, b, c := o.run(t, s, nil, false), o.run(t, s, nil, false), o.run(t, s, nil, true)
-			if string(a.out) != string(b.out) {
-				t.Fatalf("%v: two runs differ", o)
-			}
-			if string(a.out) != string(c.out) || !allBytes(c.guard, 0xFF) {
-				t.Fatalf("%v: the captured graph's result differs from the direct call's", o)
-			}
+			checkDeterministic(t, s, o)
 		}
 	})
 }
@@ -681,17 +683,7 @@ func TestBlockwiseInvalidSizes(t *testing.T) {
 					o := newBop(7, shape{"invalid", 3, 40, 32, 48, "uniform"}, bf.f, gemm.KN, device.BF16, e4m3F32, e4m3F32, false)
 					o.sizes = tc.sizes
 					st := dt.Must(device.NewStatus(s))
-					opt := &gemm.Options{Status: st}
-					var err error
-					if !d.IsCUDA() && !capture {
-						err = o.runErr(t, s, opt)
-					} else {
-						res := o.run(t, s, opt, capture)
-						if !allBytes(res.out, 0xFF) || !allBytes(res.guard, 0xFF) {
-							t.Fatalf("%v %v: invalid sizes but the output was written", o, tc.sizes)
-						}
-						err = st.Check(s)
-					}
+					err := invalidSizesErr(t, s, o, tc.sizes, st, capture)
 					if err == nil || err.Error() != "gemm: "+names[bf.f]+": "+tc.want {
 						t.Fatalf("%v %v capture=%v: error %v, want %q from %s", o, tc.sizes, capture, err, tc.want, names[bf.f])
 					}
@@ -705,23 +697,12 @@ func TestBlockwiseInvalidSizes(t *testing.T) {
 // runErr runs o once into a poisoned output and returns the call's error; a failed call
 // must leave the output as it was.
 func (o *bop) runErr(t *testing.T, s *device.Stream, opt *gemm.Options) error {
-	a := o.a.upload(s)
-	var b *quant.Blockwise
-	var w *quant.BlockwiseWeights
-	if o.b != nil {
-		b = o.b.upload(s)
-	}
-	if o.w != nil {
-		w = o.w.upload(s)
-	}
-	sz := dt.Must(device.FromSlice(s, device.I32, o.sizes, len(o.sizes)))
+	a, b, w, sz, free := o.upload(s)
 	c := dt.Must(s.Alloc(o.out, o.outShape()...))
 	dt.Poison(t, s, c)
 	defer func() {
-		a.Free()
-		b.Free()
-		w.Free()
-		device.FreeAll(sz, c)
+		free()
+		c.Free()
 	}()
 	err := o.call(s, c, a, b, w, sz, opt)
 	if err != nil && !allBytes(dt.Must(download(s, c)), 0xFF) {

@@ -534,15 +534,7 @@ func TestDeterministicAndCapture(t *testing.T) {
 			for _, f := range []form{fwd, dgrad, wgrad} {
 				for _, p := range [][2]device.DType{{device.BF16, device.BF16}, {device.F32, device.F32}} {
 					o := newOperands(uint64(2000+i), sh, f, gemm.NK, p[0], p[1], false)
-					a := o.run(t, s, nil, false)
-					b := o.run(t, s, nil, false)
-					if !bytes.Equal(a.out, b.out) {
-						t.Fatalf("%v: two runs differ", o)
-					}
-					c := o.run(t, s, nil, true)
-					if !bytes.Equal(a.out, c.out) || !allBytes(c.guard, 0xFF) {
-						t.Fatalf("%v: the captured graph's result differs from the direct call's", o)
-					}
+					checkDeterministic(t, s, o)
 				}
 			}
 		}
@@ -572,18 +564,7 @@ func TestInvalidSizes(t *testing.T) {
 					o := newOperands(7, sh, f, gemm.KN, device.BF16, device.BF16, false)
 					o.sizes = tc.sizes
 					st := dt.Must(device.NewStatus(s))
-					opt := &gemm.Options{Status: st}
-					var err error
-					var res result
-					if !d.IsCUDA() && !capture {
-						err = o.runErr(t, s, opt)
-					} else {
-						res = o.run(t, s, opt, capture)
-						if !allBytes(res.out, 0xFF) || !allBytes(res.guard, 0xFF) {
-							t.Fatalf("%v %v: invalid sizes but the output was written", o, tc.sizes)
-						}
-						err = st.Check(s)
-					}
+					err := invalidSizesErr(t, s, o, tc.sizes, st, capture)
 					op := map[form]string{fwd: "RaggedDot", dgrad: "RaggedDotInputGrad", wgrad: "RaggedDotWeightGrad"}[f]
 					if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), op+":") {
 						t.Fatalf("%v %v capture=%v: error %v, want %q from %s", o, tc.sizes, capture, err, tc.want, op)
@@ -595,6 +576,45 @@ func TestInvalidSizes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// runner is a call under test on its operands, dense or blockwise: run and runErr write
+// a poisoned output.
+type runner interface {
+	fmt.Stringer
+	run(t *testing.T, s *device.Stream, opt *gemm.Options, capture bool) result
+	runErr(t *testing.T, s *device.Stream, opt *gemm.Options) error
+}
+
+// checkDeterministic checks that two runs of o on s give the same bytes and that the
+// call captured in a graph and replayed gives them too, its guard left as it was.
+func checkDeterministic(t *testing.T, s *device.Stream, o runner) {
+	t.Helper()
+	a := o.run(t, s, nil, false)
+	b := o.run(t, s, nil, false)
+	if !bytes.Equal(a.out, b.out) {
+		t.Fatalf("%v: two runs differ", o)
+	}
+	c := o.run(t, s, nil, true)
+	if !bytes.Equal(a.out, c.out) || !allBytes(c.guard, 0xFF) {
+		t.Fatalf("%v: the captured graph's result differs from the direct call's", o)
+	}
+}
+
+// invalidSizesErr runs o, whose sizes are invalid, on s with opt.Status st and returns
+// the error: the call's on the CPU when not captured, else the one recorded in st, after
+// checking that neither the poisoned output nor its guard was written.
+func invalidSizesErr(t *testing.T, s *device.Stream, o runner, sizes []int32, st *device.Status, capture bool) error {
+	t.Helper()
+	opt := &gemm.Options{Status: st}
+	if !s.Device().IsCUDA() && !capture {
+		return o.runErr(t, s, opt)
+	}
+	res := o.run(t, s, opt, capture)
+	if !allBytes(res.out, 0xFF) || !allBytes(res.guard, 0xFF) {
+		t.Fatalf("%v %v: invalid sizes but the output was written", o, sizes)
+	}
+	return st.Check(s)
 }
 
 // runErr runs o once (no capture) and returns the call's error.

@@ -131,13 +131,19 @@ func TestGroupedGEMM(t *testing.T) {
 				}
 			}
 			t.Logf("relative error %.3g, %d bad of %d", math.Sqrt(num/den), bad, len(want))
-			if err := st.Check(s); err != nil {
-				t.Errorf("status: %v", err)
-			}
-			for _, x := range []*device.Tensor{a, b, sz, y} {
-				x.Free()
-			}
+			checkStatusFree(t, s, st, a, b, sz, y)
 		})
+	}
+}
+
+// checkStatusFree reports an error recorded in st on s, then frees ts.
+func checkStatusFree(t *testing.T, s *device.Stream, st *device.Status, ts ...*device.Tensor) {
+	t.Helper()
+	if err := st.Check(s); err != nil {
+		t.Errorf("status: %v", err)
+	}
+	for _, x := range ts {
+		x.Free()
 	}
 }
 
@@ -436,12 +442,7 @@ func TestWeightGrad(t *testing.T) {
 				row += int(n)
 			}
 			t.Logf("relative error %.3g, %d bad", math.Sqrt(num/den), bad)
-			if err := st.Check(s); err != nil {
-				t.Errorf("status: %v", err)
-			}
-			for _, v := range []*device.Tensor{x, dy, sz, dw} {
-				v.Free()
-			}
+			checkStatusFree(t, s, st, x, dy, sz, dw)
 		})
 	}
 }
