@@ -316,6 +316,30 @@ func (k *Kernel) allowSmem(n int) error {
 	return k.setSmem(n)
 }
 
+// MaxActiveClusters returns how many clusters of k can run on its device at once, with
+// blocks of block threads and smem bytes of dynamic shared memory, for a kernel compiled
+// with a fixed cluster shape (__cluster_dims__) of clusterSize blocks along x: the most
+// blocks a persistent grid of such a kernel may have is that times clusterSize.
+func (k *Kernel) MaxActiveClusters(clusterSize, block, smem int) (int, error) {
+	if clusterSize < 1 {
+		return 0, fmt.Errorf("device: kernel %s: cluster size %d, want ≥ 1", k.name, clusterSize)
+	}
+	if err := k.allowSmem(smem); err != nil {
+		return 0, err
+	}
+	var n int
+	err := k.dev.Do(func() error {
+		var err error
+		grid := uint32(clusterSize * k.dev.Multiprocessors())
+		n, err = cuda.OccupancyMaxActiveClusters(k.f, [3]uint32{grid, 1, 1}, block, smem)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("device: kernel %s: %w", k.name, err)
+	}
+	return n, nil
+}
+
 // MaxActiveBlocksPerSM returns how many blocks of the given size and dynamic shared
 // memory fit on one multiprocessor.
 func (k *Kernel) MaxActiveBlocksPerSM(block, smem int) (int, error) {

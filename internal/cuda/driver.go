@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -133,6 +134,7 @@ type driver struct {
 	cuFuncGetAttribute                          func(v *int32, attr int32, f Function) int32
 	cuLaunchKernel                              func(f Function, gx, gy, gz, bx, by, bz, smem uint32, s Stream, params unsafe.Pointer, extra unsafe.Pointer) int32
 	cuOccupancyMaxActiveBlocksPerMultiprocessor func(n *int32, f Function, block int32, smem uint64) int32
+	cuOccupancyMaxActiveClusters                func(n *int32, f Function, config unsafe.Pointer) int32
 
 	cuTensorMapEncodeTiled func(tmap unsafe.Pointer, dtype int32, rank uint32, addr DevicePtr, dims, strides unsafe.Pointer,
 		box, elemStrides unsafe.Pointer, interleave, swizzle, l2 int32, oob int32) int32
@@ -249,6 +251,7 @@ func (d *driver) load(path string) error {
 	lib.bind(&d.cuLaunchKernel, "cuLaunchKernel")
 	lib.bind(&d.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 	lib.optional(&d.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")
+	lib.optional(&d.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")
 	lib.bind(&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2")
 	lib.bind(&d.cuStreamEndCapture, "cuStreamEndCapture")
 	lib.bind(&d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags")
@@ -615,6 +618,31 @@ func OccupancyMaxActiveBlocksPerMultiprocessor(f Function, block, smem int) (int
 	var n int32
 	err := check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
 		drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, int32(block), uint64(smem)))
+	return int(n), err
+}
+
+// launchConfig mirrors CUlaunchConfig: a launch's grid, block, dynamic shared memory
+// and stream, with no launch attributes (a kernel's cluster shape then comes from its
+// __cluster_dims__).
+type launchConfig struct {
+	grid, block [3]uint32
+	smem        uint32
+	stream      Stream
+	attrs       uintptr
+	nattrs      uint32
+}
+
+// OccupancyMaxActiveClusters returns how many clusters of f, launched with blocks of
+// block threads and smem bytes of dynamic shared memory, can run on the device at once.
+// f's cluster shape is its compile-time one (__cluster_dims__); grid is a grid of whole
+// clusters. It fails on drivers older than CUDA 11.8, which lack the call.
+func OccupancyMaxActiveClusters(f Function, grid [3]uint32, block, smem int) (int, error) {
+	if drv.cuOccupancyMaxActiveClusters == nil {
+		return 0, errors.New("cuda: the driver has no cuOccupancyMaxActiveClusters (CUDA 11.8 or newer)")
+	}
+	cfg := &launchConfig{grid: grid, block: [3]uint32{uint32(block), 1, 1}, smem: uint32(smem)}
+	var n int32
+	err := check("cuOccupancyMaxActiveClusters", drv.cuOccupancyMaxActiveClusters(&n, f, unsafe.Pointer(cfg)))
 	return int(n), err
 }
 
