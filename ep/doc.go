@@ -14,7 +14,9 @@
 // every rank receives, so each knows its demand before any payload moves, and all make
 // the same capacity decision. Layout then tells each rank the routing of the rows it
 // will receive (one all-to-all-v of K+1 ints per row) and places them in expert-major
-// order.
+// order. The same exchange gives every rank the experts' loads over all ranks' tokens
+// (Layout.GroupEntries, and Layout.GroupLoad on the device), which a load-balancing loss
+// over the group's batch needs.
 //
 // Layout.Dispatch sends each (token, rank) pair once and, on arrival, replicates the
 // token into the expert-major buffer Dispatched.X ([Capacity, H]: rows of local expert

@@ -148,14 +148,16 @@ type Layout struct {
 	meta    *device.Tensor // I32 [Rv, K+1]: per received row, the local expert of each k (-1: none), then the source token
 	slot    *device.Tensor // I32 [Rv, K]: expert-major row of each (received row, k), -1 if none or dropped
 	counts  *device.Tensor // I32 [L]: rows kept per local expert
-	offs    *device.Tensor // I32 [2(R+1)]: recvOff and sendOff on the device
+	offs    *device.Tensor // I32 [2(R+1) + E]: recvOff, sendOff and groupLd on the device
 	recvOfs *device.Tensor // a view of offs: recvOff, for Origins
 	sendOfs *device.Tensor // a view of offs: sendOff, for Combine's final sums
+	groupLd *device.Tensor // a view of offs: the routing entries of all ranks per expert
 
 	tokTo, tokFrom   []int // [R] tokens sent to / received from each rank
 	pair             []int // [R·R] tokens from rank s to rank d at s·R+d
 	sendOff, recvOff []int // [R+1] prefix sums of tokTo and tokFrom
 	expTo            []int // [E] routing entries of this rank per expert
+	expAll           []int // [E] routing entries of all ranks per expert
 	countsHost       []int // [L]
 	tokens           []int // [R] tokens of each rank
 	demand, capacity int
@@ -233,19 +235,26 @@ func (g *Group) Layout(s *device.Stream, topkIdx *device.Tensor) (*Layout, error
 	if err := l.plan(host); err != nil {
 		return nil, err
 	}
-	// recvOff on the device for Origins, uploaded now that s is idle: the upload waits
-	// for s, which later may hold transfers that only a peer can complete.
-	off := make([]int32, 2*(R+1))
+	// recvOff on the device for Origins, sendOff for Combine and the group's loads for
+	// GroupLoad, uploaded now that s is idle: the upload waits for s, which later may
+	// hold transfers that only a peer can complete.
+	off := make([]int32, 2*(R+1)+g.e)
 	for i := range R + 1 {
 		off[i], off[R+1+i] = int32(l.recvOff[i]), int32(l.sendOff[i])
 	}
-	if l.offs, err = device.FromSlice(s, device.I32, off, 2*(R+1)); err != nil {
+	for e, n := range l.expAll {
+		off[2*(R+1)+e] = int32(n)
+	}
+	if l.offs, err = device.FromSlice(s, device.I32, off, len(off)); err != nil {
 		return nil, err
 	}
 	if l.recvOfs, err = l.offs.View(0, R+1); err != nil {
 		return nil, err
 	}
 	if l.sendOfs, err = l.offs.View(R+1, R+1); err != nil {
+		return nil, err
+	}
+	if l.groupLd, err = l.offs.View(2*(R+1), g.e); err != nil {
 		return nil, err
 	}
 
@@ -327,9 +336,12 @@ func (l *Layout) plan(host []int32) error {
 		l.sendOff[d+1] = l.sendOff[d] + l.tokTo[d]
 		l.recvOff[d+1] = l.recvOff[d] + l.tokFrom[d]
 	}
-	l.expTo = make([]int, g.e)
+	l.expTo, l.expAll = make([]int, g.e), make([]int, g.e)
 	for e := range g.e {
 		l.expTo[e] = at(me, e/L, 4+e%L)
+		for s := range R {
+			l.expAll[e] += at(s, e/L, 4+e%L)
+		}
 	}
 	// Every rank's demand and capacity, so that all decide alike.
 	worst := -1
@@ -438,6 +450,17 @@ func (l *Layout) ExpertEntries() []int { return append([]int(nil), l.expTo...) }
 
 // RankTokens returns the number of tokens of every rank.
 func (l *Layout) RankTokens() []int { return append([]int(nil), l.tokens...) }
+
+// GroupEntries returns how many routing entries of all ranks together go to each
+// expert, [E]: the sum of every rank's ExpertEntries, the experts' loads over the
+// group's batch of Σ RankTokens tokens.
+func (l *Layout) GroupEntries() []int { return append([]int(nil), l.expAll...) }
+
+// GroupLoad returns GroupEntries on the device: I32 [E], owned by the layout
+// (Layout.Free frees it), for a load-balancing loss over the group's batch (see
+// moe.Routing.BalanceOver). It comes with the count exchange of Layout, at no cost of
+// its own: the same upload brings it to the device.
+func (l *Layout) GroupLoad() *device.Tensor { return l.groupLd }
 
 // SendRows returns I32 [T, R], owned by the layout (Layout.Free frees it): for token t
 // and rank d, the row of (t, d) in the order tokens are sent (by rank, then token), or

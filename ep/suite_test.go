@@ -130,8 +130,9 @@ func (sc scen) inputs() []rankIn {
 // rankOut is what a rank's run produced, on the host.
 type rankOut struct {
 	TokTo, TokFrom, Counts, Entries []int
+	GroupEntries                    []int
 	Capacity, Demand, Rows          int
-	SendRows                        []int32
+	SendRows, GroupLoad             []int32
 	X                               []float32 // kept rows of Dispatched.X
 	W                               []float32 // kept rows of Dispatched.Weights
 	Origins                         []int32   // [Capacity, 3]
@@ -318,8 +319,11 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 		return nil, err
 	}
 	o := &rankOut{TokTo: l.TokensTo(), TokFrom: l.TokensFrom(), Counts: l.Counts(), Entries: l.ExpertEntries(),
-		Capacity: l.Capacity(), Demand: l.Demand(), Rows: l.Rows()}
+		GroupEntries: l.GroupEntries(), Capacity: l.Capacity(), Demand: l.Demand(), Rows: l.Rows()}
 	if o.SendRows, err = downloadI32(s, l.SendRows()); err != nil {
+		return nil, err
+	}
+	if o.GroupLoad, err = downloadI32(s, l.GroupLoad()); err != nil {
 		return nil, err
 	}
 	if world != nil {
@@ -565,8 +569,18 @@ func check(t *testing.T, sc scen, ins []rankIn, outs []*rankOut) {
 	rowB := int64(H*sc.dt.Size() + 4*K)
 	var adjD, adjDt, adjC, adjCt, adjW float64 // ⟨D x, Y⟩, ⟨x, D* Y⟩, ⟨C y, g⟩, ⟨y, C* g⟩, Σ W·dW
 	var magD, magC float64
+	group := make([]int, sc.E) // the entries of all ranks per expert
+	for _, rf := range refs {
+		for e, n := range rf.entries {
+			group[e] += n
+		}
+	}
 	for r, o := range outs {
 		rf := refs[r]
+		groupLoad := make([]int, len(o.GroupLoad))
+		for e, n := range o.GroupLoad {
+			groupLoad[e] = int(n)
+		}
 		// Invariant 1: counts.
 		for _, c := range []struct {
 			what      string
@@ -574,6 +588,7 @@ func check(t *testing.T, sc scen, ins []rankIn, outs []*rankOut) {
 		}{
 			{"tokens to each rank", o.TokTo, rf.tokTo}, {"tokens from each rank", o.TokFrom, rf.tokFrom},
 			{"kept rows per expert", o.Counts, rf.counts}, {"entries per expert", o.Entries, rf.entries},
+			{"entries of all ranks per expert", o.GroupEntries, group}, {"GroupLoad", groupLoad, group},
 			{"demand", o.Demand, rf.demand}, {"rows", o.Rows, rf.rows}, {"capacity", o.Capacity, rf.capacity},
 		} {
 			if fmt.Sprint(c.got) != fmt.Sprint(c.want) {

@@ -156,7 +156,7 @@ func (a *Activations) release(sl *saved, all bool) error {
 type Stats struct {
 	Load    []int   // assignments of this call's tokens routed to each expert (before capacity)
 	Dropped int     // assignments dropped for capacity (with Config.EP: rows dropped on this rank)
-	AuxLoss float32 // the load-balancing loss (0 when RouterConfig.AuxLoss is 0)
+	AuxLoss float32 // the load-balancing loss, 0 when RouterConfig.AuxLoss is 0 (with Config.EP: this rank's share)
 }
 
 // Imbalance returns the largest load over the mean load (1: balanced); 0 without tokens.

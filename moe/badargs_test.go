@@ -162,6 +162,18 @@ func (f *argFixture) routerCases() []badArg {
 	r := f.routing()
 	mismatched := *r
 	mismatched.Config.Experts = baE + 1
+	auxShape, auxTokens, auxAlone := *r, *r, *r
+	auxShape.AuxLoad, auxShape.AuxTokens = f.i32(baE+1), baT
+	auxTokens.AuxLoad, auxTokens.AuxTokens = f.i32(baE), baT-1
+	auxAlone.AuxTokens = baT
+	ac := rc
+	ac.AuxLoss = 0.1
+	noSums := *dt.Must(Route(s, ac, f.f32(baT, baE), nil))
+	f.ts = append(f.ts, noSums.Index, noSums.Weight, noSums.Scores, noSums.Load, noSums.AuxLoss, noSums.probSum)
+	noSums.probSum = nil
+	balance := func(r *Routing, load *device.Tensor, tokens int) func() error {
+		return func() error { return r.BalanceOver(s, load, tokens) }
+	}
 	return []badArg{
 		{"RouterLogits/nil_stream", "RouterLogits: nil stream", func() error { return RouterLogits(nil, f.f32(baT, baE), f.f32(baT, baH), f.f32(baE, baH)) }},
 		{"RouterLogits/nil_logits", "RouterLogits logits", logits(f.f32(baT, baH), f.f32(baE, baH), nil)},
@@ -203,6 +215,20 @@ func (f *argFixture) routerCases() []badArg {
 		{"RouteGrad/dlogits_dtype", "RouteGrad dlogits", routeGrad(f.bf(baT, baE), nil, r)},
 		{"RouteGrad/dweight_shape", "RouteGrad dweight", routeGrad(f.f32(baT, baE), f.f32(baT, baK+1), r)},
 		{"RouteGrad/freed_dweight", "RouteGrad dweight", routeGrad(f.f32(baT, baE), freed(f.f32(baT, baK)), r)},
+		{"RouteGrad/aux_load_shape", "RouteGrad r.AuxLoad", routeGrad(f.f32(baT, baE), nil, &auxShape)},
+		{"RouteGrad/aux_tokens_below", "RouteGrad r.AuxTokens", routeGrad(f.f32(baT, baE), nil, &auxTokens)},
+		{"RouteGrad/aux_tokens_alone", "RouteGrad r.AuxTokens", routeGrad(f.f32(baT, baE), nil, &auxAlone)},
+
+		{"BalanceOver/nil_stream", "Routing.BalanceOver: nil stream", func() error { return r.BalanceOver(nil, f.i32(baE), baT) }},
+		{"BalanceOver/nil_routing", "Routing.BalanceOver r", balance(nil, f.i32(baE), baT)},
+		{"BalanceOver/freed_routing", "Routing.BalanceOver r", balance(freedRouting(f.routing()), f.i32(baE), baT)},
+		{"BalanceOver/nil_load", "Routing.BalanceOver load", balance(r, nil, baT)},
+		{"BalanceOver/freed_load", "Routing.BalanceOver load", balance(r, freed(f.i32(baE)), baT)},
+		{"BalanceOver/load_shape", "Routing.BalanceOver load", balance(r, f.i32(baE+1), baT)},
+		{"BalanceOver/load_dtype", "Routing.BalanceOver load", balance(r, f.f32(baE), baT)},
+		{"BalanceOver/tokens_below", "Routing.BalanceOver tokens", balance(r, f.i32(baE), baT-1)},
+		{"BalanceOver/tokens_overflow", "Routing.BalanceOver tokens", balance(r, f.i32(baE), math.MaxInt32)},
+		{"BalanceOver/not_routed", "make it with Route", balance(&noSums, f.i32(baE), baT)},
 
 		{"UpdateBias/nil_stream", "UpdateBias: nil stream", func() error { return UpdateBias(nil, f.f32(baE), f.i32(baE), 1) }},
 		{"UpdateBias/nil_bias", "UpdateBias bias", bias(nil, f.i32(baE), 1)},

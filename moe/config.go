@@ -29,7 +29,9 @@ type Config struct {
 	// E/R local experts (W1, W2 hold those: [E/R, ...]) and combines the results back.
 	// Every rank calls Forward and Backward together. The group's Capacity and Overflow
 	// replace CapacityFactor (which must be 0), and its Layout waits once per Forward
-	// for the exchange of counts.
+	// for the exchange of counts. The load-balancing loss (RouterConfig.AuxLoss) is
+	// over the group's batch: each rank computes its share, and the ranks' shares, of
+	// the value and of the gradients, add up to the loss over all their tokens.
 	EP *ep.Group
 	// Offload, when set, receives the activations Backward needs (named by the Act
 	// constants) as soon as Forward is done with them; its policy keeps, offloads or

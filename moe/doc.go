@@ -38,6 +38,15 @@
 // probability of e) and Backward includes its gradient. Routing.Load gives the tokens
 // per expert of every step.
 //
+// With Config.EP the loss is that of the group's whole batch (every rank's tokens, T in
+// all): f_e counts the assignments of all ranks (ep.Layout.GroupLoad, which comes with
+// the count exchange that Layout makes anyway: no further communication or host
+// synchronization), and P_e is the mean over all T tokens, to which each rank adds its
+// own tokens' share (Routing.BalanceOver). Each rank's Stats.AuxLoss and gradients are
+// its share: summed over the ranks (as the router's gradient is summed for data
+// parallelism), they are the value and gradient of the one-device layer on the ranks'
+// tokens together. Routing.Load stays the rank's own tokens' loads.
+//
 // # Permutation
 //
 // Sort is a stable counting sort on the device in three launches and no host

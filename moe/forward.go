@@ -70,6 +70,16 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		if act.Layout, err = c.EP.Layout(s, act.Routing.Index); err != nil {
 			return fail(err)
 		}
+		if c.Router.AuxLoss > 0 {
+			// The load-balancing loss over the group's batch: this rank's share.
+			n := 0
+			for _, t := range act.Layout.RankTokens() {
+				n += t
+			}
+			if err := act.Routing.BalanceOver(s, act.Layout.GroupLoad(), n); err != nil {
+				return fail(err)
+			}
+		}
 		d, err := act.Layout.Dispatch(s, x, act.Routing.Weight)
 		if err != nil {
 			return fail(err)

@@ -3,6 +3,7 @@ package moe
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"sync"
 	"testing"
@@ -15,34 +16,52 @@ import (
 	"github.com/dropless/dropless/offload"
 )
 
-// TestLayerEP runs the layer expert-parallel over an in-process world of 2 ranks and
-// checks that each rank gets what the single-device layer gives on its tokens: the
-// output, the input and router gradients, and (summed over the ranks) the gradients
-// of its local experts.
+// TestLayerEP runs the layer expert-parallel over in-process worlds of 2 and 4 ranks,
+// each with its own tokens (one rank with none), and checks that together they compute
+// what the one-device layer computes on all their tokens at once: each rank's rows of the
+// output and of the input gradient, the gradients of its experts, and, summed over the
+// ranks, the router's and the shared expert's gradients, the loads and the
+// load-balancing loss, which is over the global batch.
 func TestLayerEP(t *testing.T) {
-	const R = 2
-	tokens := []int{40, 24}
-	cfg := Config{Hidden: 16, FFN: 8, SharedFFN: 4,
-		Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.01}}
-	E, H, F, L := cfg.Router.Experts, cfg.Hidden, cfg.FFN, cfg.Router.Experts/R
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		tokens []int
+	}{
+		{"softmax_2ranks", Config{Hidden: 16, FFN: 8, SharedFFN: 4,
+			Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.5}}, []int{40, 24}},
+		{"sigmoid_groups_4ranks", Config{Hidden: 16, FFN: 8,
+			Router: RouterConfig{Experts: 8, TopK: 2, Score: Sigmoid, Groups: 4, TopKGroups: 2, Renormalize: true, Scale: 2.5, AuxLoss: 0.5}},
+			[]int{20, 0, 30, 14}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testLayerEP(t, tc.cfg, tc.tokens)
+		})
+	}
+}
+
+func testLayerEP(t *testing.T, cfg Config, tokens []int) {
+	R := len(tokens)
+	E, H, F, Fs, L := cfg.Router.Experts, cfg.Hidden, cfg.FFN, cfg.SharedFFN, cfg.Router.Experts/R
+	T := 0
+	for _, n := range tokens {
+		T += n
+	}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		for _, typ := range dtypes() {
 			t.Run(typ.String(), func(t *testing.T) {
 				r := dt.Rand(700)
-				// One set of weights; each rank its own tokens.
-				base := newRef(r, cfg, tokens[0]+tokens[1], false, typ, device.F32)
-				refs := make([]*refLayer, R)
-				gys := make([][]float32, R)
-				want := make([]layerRun, R)
-				off := 0
-				for rk := range R {
-					l := *base
-					l.T = tokens[rk]
-					l.x = base.x[off*H : (off+tokens[rk])*H]
-					off += tokens[rk]
-					refs[rk] = &l
-					gys[rk] = randn(r, typ, tokens[rk]*H, 1)
-					want[rk] = runLayer(t, d, refs[rk], typ, device.F32, gys[rk])
+				// One set of weights and one batch: the one-device layer takes it all,
+				// each rank its own tokens.
+				base := newRef(r, cfg, T, false, typ, device.F32)
+				gy := randn(r, typ, T*H, 1)
+				want := runLayer(t, d, base, typ, device.F32, gy)
+				if !(want.stats.AuxLoss > 0) {
+					t.Fatalf("one-device AuxLoss = %v, want > 0", want.stats.AuxLoss)
+				}
+				off := make([]int, R+1)
+				for rk, n := range tokens {
+					off[rk+1] = off[rk] + n
 				}
 				w, err := ep.NewWorld(R, d)
 				dt.NoErr(t, err)
@@ -55,10 +74,10 @@ func TestLayerEP(t *testing.T) {
 						return err
 					}
 					defer g.Close()
-					c := cfg
-					c.EP = g
-					l := *refs[rk]
-					l.cfg = c
+					l := *base
+					l.cfg.EP = g
+					l.T = tokens[rk]
+					l.x = base.x[off[rk]*H : off[rk+1]*H]
 					l.w1 = base.w1[rk*L*H*2*F : (rk+1)*L*H*2*F]
 					l.w2 = base.w2[rk*L*F*H : (rk+1)*L*F*H]
 					s, err := d.NewStream()
@@ -66,7 +85,7 @@ func TestLayerEP(t *testing.T) {
 						return err
 					}
 					defer s.Close()
-					res, err := runLayerErr(s, &l, typ, device.F32, gys[rk])
+					res, err := runLayerErr(s, &l, typ, device.F32, gy[off[rk]*H:off[rk+1]*H])
 					mu.Lock()
 					got[rk] = res
 					mu.Unlock()
@@ -74,28 +93,42 @@ func TestLayerEP(t *testing.T) {
 				})
 				dt.NoErr(t, err)
 				tl := tol(typ)
-				for rk := range R {
-					closeTo(t, fmt.Sprint("rank ", rk, " y"), got[rk].y, f64(want[rk].y), tl)
-					closeTo(t, fmt.Sprint("rank ", rk, " dx"), got[rk].dx, f64(want[rk].dx), tl)
-					closeTo(t, fmt.Sprint("rank ", rk, " drouter"), got[rk].dwr, f64(want[rk].dwr), tl)
-					closeTo(t, fmt.Sprint("rank ", rk, " dshared_w1"), got[rk].dsw1, f64(want[rk].dsw1), tl)
-					closeTo(t, fmt.Sprint("rank ", rk, " dshared_w2"), got[rk].dsw2, f64(want[rk].dsw2), tl)
-					if diff := cmp.Diff(want[rk].stats.Load, got[rk].stats.Load); diff != "" {
-						t.Errorf("rank %d: Stats.Load (-want +got):\n%s", rk, diff)
+				sum := func(f func(layerRun) []float32) []float64 {
+					var out []float64
+					for _, g := range got {
+						v := f(g)
+						if out == nil {
+							out = make([]float64, len(v))
+						}
+						for i, x := range v {
+							out[i] += float64(x)
+						}
 					}
-					// Local experts see the tokens of every rank.
+					return out
+				}
+				closeTo(t, "drouter summed over the ranks", f32s(sum(func(g layerRun) []float32 { return g.dwr })), f64(want.dwr), tl)
+				if Fs > 0 {
+					closeTo(t, "dshared_w1 summed over the ranks", f32s(sum(func(g layerRun) []float32 { return g.dsw1 })), f64(want.dsw1), tl)
+					closeTo(t, "dshared_w2 summed over the ranks", f32s(sum(func(g layerRun) []float32 { return g.dsw2 })), f64(want.dsw2), tl)
+				}
+				aux, load := 0.0, make([]int, E)
+				for rk, g := range got {
+					a, b := off[rk], off[rk+1]
+					closeTo(t, fmt.Sprint("rank ", rk, " y"), g.y, f64(want.y[a*H:b*H]), tl)
+					closeTo(t, fmt.Sprint("rank ", rk, " dx"), g.dx, f64(want.dx[a*H:b*H]), tl)
 					n1, n2 := L*H*2*F, L*F*H
-					sum1, sum2 := make([]float64, n1), make([]float64, n2)
-					for q := range R {
-						for i := range n1 {
-							sum1[i] += float64(want[q].dw1[rk*n1+i])
-						}
-						for i := range n2 {
-							sum2[i] += float64(want[q].dw2[rk*n2+i])
-						}
+					closeTo(t, fmt.Sprint("rank ", rk, " dw1"), g.dw1, f64(want.dw1[rk*n1:(rk+1)*n1]), tl)
+					closeTo(t, fmt.Sprint("rank ", rk, " dw2"), g.dw2, f64(want.dw2[rk*n2:(rk+1)*n2]), tl)
+					aux += float64(g.stats.AuxLoss)
+					for e, n := range g.stats.Load {
+						load[e] += n
 					}
-					closeTo(t, fmt.Sprint("rank ", rk, " dw1"), got[rk].dw1, sum1, tl)
-					closeTo(t, fmt.Sprint("rank ", rk, " dw2"), got[rk].dw2, sum2, tl)
+				}
+				if diff := cmp.Diff(want.stats.Load, load); diff != "" {
+					t.Errorf("Stats.Load summed over the ranks (-one device +ranks):\n%s", diff)
+				}
+				if wa := float64(want.stats.AuxLoss); math.Abs(aux-wa) > 1e-5*wa {
+					t.Errorf("Stats.AuxLoss summed over the ranks = %v, want %v (one device)", aux, wa)
 				}
 			})
 		}

@@ -1,6 +1,7 @@
 package moe
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -56,7 +57,8 @@ type RouterConfig struct {
 	// AuxLoss is the coefficient α of the load-balancing loss α·E·Σ_e f_e·P_e
 	// (Switch/GShard), f_e = tokens routed to e / (T·K), P_e = mean over tokens of
 	// the probability of e (softmax p, or s/Σs for Sigmoid); 1·α when balanced.
-	// 0: no loss.
+	// 0: no loss. T is the tokens of the batch the loss balances: the routing's own,
+	// or those Routing.BalanceOver gives (an expert-parallel layer's whole group).
 	AuxLoss float32
 }
 
@@ -111,9 +113,18 @@ type Routing struct {
 	Index                 *device.Tensor // I32[T,K]: chosen experts, in selection order
 	Weight                *device.Tensor // F32[T,K]: their weights
 	Scores                *device.Tensor // F32[T,E]: softmax p or sigmoid s of every expert
-	Load                  *device.Tensor // I32[E]: tokens routed to each expert
+	Load                  *device.Tensor // I32[E]: this routing's tokens routed to each expert
 	AuxLoss               *device.Tensor // F32[1]: the load-balancing loss; nil when AuxLoss is 0
 	Config                RouterConfig   // the configuration that made it
+
+	// AuxLoad (I32[E], owned by the routing) and AuxTokens are the loads and the token
+	// count of the batch the load-balancing loss balances, when that batch is larger
+	// than the routing's own tokens; BalanceOver sets them. nil and 0: Load and Tokens.
+	// RouteGrad reads them.
+	AuxLoad   *device.Tensor
+	AuxTokens int
+
+	probSum *device.Tensor // F32[E]: Σ over the tokens of the probability of each expert (with AuxLoss)
 }
 
 // Free releases the routing's tensors.
@@ -121,7 +132,16 @@ func (r *Routing) Free() error {
 	if r == nil {
 		return nil
 	}
-	return device.FreeAll(r.Index, r.Weight, r.Scores, r.Load, r.AuxLoss)
+	return device.FreeAll(r.Index, r.Weight, r.Scores, r.Load, r.AuxLoss, r.AuxLoad, r.probSum)
+}
+
+// auxBatch returns the loads I32[E] and the token count of the batch the auxiliary loss
+// balances.
+func (r *Routing) auxBatch() (*device.Tensor, int) {
+	if r.AuxLoad != nil {
+		return r.AuxLoad, r.AuxTokens
+	}
+	return r.Load, r.Tokens
 }
 
 // check returns an error unless r is a live routing on s's device whose tensors match
@@ -146,7 +166,21 @@ func (r *Routing) check(s *device.Stream, what string) error {
 	if err := checkTensor(s, r.Scores, what+".Scores", device.F32, T, E); err != nil {
 		return err
 	}
-	return checkTensor(s, r.Load, what+".Load", device.I32, E)
+	if err := checkTensor(s, r.Load, what+".Load", device.I32, E); err != nil {
+		return err
+	}
+	switch {
+	case r.AuxLoad != nil:
+		if err := checkTensor(s, r.AuxLoad, what+".AuxLoad", device.I32, E); err != nil {
+			return err
+		}
+		if r.AuxTokens < T || r.AuxTokens >= math.MaxInt32 {
+			return fmt.Errorf("moe: %s.AuxTokens = %d, want %d (its tokens) to 2^31-1", what, r.AuxTokens, T)
+		}
+	case r.AuxTokens != 0:
+		return fmt.Errorf("moe: %s.AuxTokens = %d without AuxLoad", what, r.AuxTokens)
+	}
+	return nil
 }
 
 // Route selects cfg.TopK experts per token from logits F32[T,E] (E = cfg.Experts)
@@ -181,7 +215,7 @@ func Route(s *device.Stream, cfg RouterConfig, logits, bias *device.Tensor) (*Ro
 	r := &Routing{Tokens: T, Experts: E, TopK: K, Config: cfg, Index: ts.Alloc(device.I32, T, K),
 		Weight: ts.Alloc(device.F32, T, K), Scores: ts.Alloc(device.F32, T, E), Load: ts.Alloc(device.I32, E)}
 	if cfg.AuxLoss > 0 {
-		r.AuxLoss = ts.Alloc(device.F32, 1)
+		r.AuxLoss, r.probSum = ts.Alloc(device.F32, 1), ts.Alloc(device.F32, E)
 	}
 	err := ts.Err()
 	switch {
@@ -213,7 +247,7 @@ func routeGPU(s *device.Stream, r *Routing, logits, bias *device.Tensor) error {
 	if T == 0 {
 		return launch(s, routerProg, "dl_moe_route_finalize", device.D1(1), device.D1(blockFor(E)), 0,
 			(*device.Tensor)(nil), (*device.Tensor)(nil), int32(0), int32(0), int32(E), int32(r.TopK), r.Config.AuxLoss,
-			r.Config.AuxLoss > 0, r.Load, r.AuxLoss)
+			r.Config.AuxLoss > 0, r.Load, r.AuxLoss, r.probSum)
 	}
 	nw := routeWarps(E)
 	const tpw = 8
@@ -232,7 +266,7 @@ func routeGPU(s *device.Stream, r *Routing, logits, bias *device.Tensor) error {
 		return err
 	}
 	return launch(s, routerProg, "dl_moe_route_finalize", device.D1(1), device.D1(blockFor(E)), 0,
-		pcnt, psum, int32(nb), int32(T), int32(E), int32(r.TopK), r.Config.AuxLoss, a.Aux, r.Load, r.AuxLoss)
+		pcnt, psum, int32(nb), int32(T), int32(E), int32(r.TopK), r.Config.AuxLoss, a.Aux, r.Load, r.AuxLoss, r.probSum)
 }
 
 // routeCPU mirrors dl_moe_route and dl_moe_route_finalize.
@@ -301,8 +335,12 @@ func routeCPU(r *Routing, logits, bias *device.Tensor) {
 		}
 	}
 	if r.AuxLoss != nil {
+		P, ps := probSums(c, sc, T), device.Slice[float32](r.probSum)
+		for e, v := range P {
+			ps[e] = float32(v)
+		}
 		aux := device.Slice[float32](r.AuxLoss)
-		aux[0] = float32(auxLoss(c, sc, load, T))
+		aux[0] = float32(auxLoss(c, P, load, T))
 	}
 }
 
@@ -392,12 +430,10 @@ func argmax(v []float32) int {
 	return bi
 }
 
-// auxLoss returns α·E·Σ_e f_e·P_e from the scores and loads.
-func auxLoss(c RouterConfig, sc []float32, load []int32, T int) float64 {
+// probSums returns the sum over the T tokens of the scores sc [T,E] of each expert's
+// probability: softmax p, or s/Σs for Sigmoid.
+func probSums(c RouterConfig, sc []float32, T int) []float64 {
 	E := c.Experts
-	if T == 0 {
-		return 0
-	}
 	P := make([]float64, E)
 	for t := range T {
 		st := sc[t*E : (t+1)*E]
@@ -412,17 +448,78 @@ func auxLoss(c RouterConfig, sc []float32, load []int32, T int) float64 {
 			P[e] += float64(v) / norm
 		}
 	}
-	var sum float64
-	for e := range E {
-		sum += float64(load[e]) * P[e]
+	return P
+}
+
+// auxLoss returns α·E·Σ_e f_e·P_e over a batch of T tokens with loads load, P being the
+// sums of probabilities of (some of) its tokens: α·E·Σ_e load[e]·P[e] / (T·K·T).
+func auxLoss[F float32 | float64](c RouterConfig, P []F, load []int32, T int) float64 {
+	if T == 0 {
+		return 0
 	}
-	return float64(c.AuxLoss) * float64(E) * sum / (float64(T) * float64(c.TopK) * float64(T))
+	var sum float64
+	for e := range c.Experts {
+		sum += float64(load[e]) * float64(P[e])
+	}
+	return float64(c.AuxLoss) * float64(c.Experts) * sum / (float64(T) * float64(c.TopK) * float64(T))
+}
+
+// BalanceOver makes r's load-balancing loss its share of the loss over a larger batch
+// that holds r's tokens: tokens tokens in all (at least r.Tokens), whose loads per
+// expert are load (I32[E] on s's device: the sum of the Load of the batch's routings).
+// Then f_e = load[e]/(tokens·K) and P_e = (Σ over r's tokens of the probability of
+// e)/tokens, so that the shares of routings that split the batch add up to the loss
+// over it, and their RouteGrad gradients to its gradient. It copies load into
+// r.AuxLoad, sets r.AuxTokens and, when r.Config.AuxLoss > 0, recomputes r.AuxLoss, on
+// s; r.Load stays r's own. Nothing waits for the device. Layer.Forward with Config.EP
+// calls it with the loads of the group's batch (ep.Layout.GroupLoad). r must be made
+// by Route.
+func (r *Routing) BalanceOver(s *device.Stream, load *device.Tensor, tokens int) error {
+	if err := checkStream(s, "Routing.BalanceOver"); err != nil {
+		return err
+	}
+	if err := r.check(s, "Routing.BalanceOver r"); err != nil {
+		return err
+	}
+	E := r.Experts
+	if err := checkTensor(s, load, "Routing.BalanceOver load", device.I32, E); err != nil {
+		return err
+	}
+	if tokens < r.Tokens || tokens >= math.MaxInt32 {
+		return fmt.Errorf("moe: Routing.BalanceOver tokens = %d, want %d (the routing's) to 2^31-1", tokens, r.Tokens)
+	}
+	if r.AuxLoss != nil && (r.probSum == nil || r.probSum.Freed()) {
+		return errors.New("moe: Routing.BalanceOver r has no probability sums: make it with Route")
+	}
+	if r.AuxLoad == nil {
+		var err error
+		if r.AuxLoad, err = s.Alloc(device.I32, E); err != nil {
+			return err
+		}
+	}
+	if err := device.Copy(s, r.AuxLoad, load); err != nil {
+		return err
+	}
+	r.AuxTokens = tokens
+	if r.AuxLoss == nil {
+		return nil
+	}
+	c := r.Config
+	if s.Device().IsCUDA() {
+		return launch(s, routerProg, "dl_moe_aux_loss", device.D1(1), device.D1(blockFor(E)), 0,
+			r.probSum, r.AuxLoad, int32(tokens), int32(E), int32(r.TopK), c.AuxLoss, r.AuxLoss)
+	}
+	return s.EnqueueCPU(func() {
+		device.Slice[float32](r.AuxLoss)[0] = float32(auxLoss(c, device.Slice[float32](r.probSum),
+			device.Slice[int32](r.AuxLoad), tokens))
+	})
 }
 
 // RouteGrad computes dlogits F32[T,E], the gradient of the loss with respect to the
 // logits Route was given, from dweight F32[T,K] (the gradient with respect to
 // r.Weight; nil: zero) and, when r.Config.AuxLoss > 0, the auxiliary loss (as if its
-// upstream gradient were 1), on s. dlogits must not alias dweight or r's tensors.
+// upstream gradient were 1; over the batch of r.AuxLoad and r.AuxTokens when set, see
+// BalanceOver), on s. dlogits must not alias dweight or r's tensors.
 func RouteGrad(s *device.Stream, dlogits, dweight *device.Tensor, r *Routing) error {
 	if err := checkStream(s, "RouteGrad"); err != nil {
 		return err
@@ -444,24 +541,25 @@ func RouteGrad(s *device.Stream, dlogits, dweight *device.Tensor, r *Routing) er
 	}
 	c := r.Config
 	auxc := float32(0)
+	load, n := r.auxBatch()
 	if c.AuxLoss > 0 {
-		auxc = float32(float64(c.AuxLoss) * float64(E) / (float64(T) * float64(K) * float64(T)))
+		auxc = float32(float64(c.AuxLoss) * float64(E) / (float64(n) * float64(K) * float64(n)))
 	}
 	if s.Device().IsCUDA() {
 		nw := min(max(8192/E, 1), 8)
 		return launch(s, routerProg, "dl_moe_route_bwd", device.D1((T+nw-1)/nw), device.D1(32*nw), nw*E*4,
-			dweight, r.Index, r.Scores, r.Load, c.args(T), auxc, dlogits)
+			dweight, r.Index, r.Scores, load, c.args(T), auxc, dlogits)
 	}
-	return s.EnqueueCPU(func() { routeGradCPU(r, dlogits, dweight, auxc) })
+	return s.EnqueueCPU(func() { routeGradCPU(r, dlogits, dweight, load, auxc) })
 }
 
-// routeGradCPU mirrors dl_moe_route_bwd.
-func routeGradCPU(r *Routing, dlogits, dweight *device.Tensor, auxc float32) {
+// routeGradCPU mirrors dl_moe_route_bwd; loadT is the loads of the auxiliary loss.
+func routeGradCPU(r *Routing, dlogits, dweight, loadT *device.Tensor, auxc float32) {
 	c := r.Config
 	T, E, K := r.Tokens, r.Experts, r.TopK
 	idx := device.Slice[int32](r.Index)
 	sc := device.Slice[float32](r.Scores)
-	load := device.Slice[int32](r.Load)
+	load := device.Slice[int32](loadT)
 	dl := device.Slice[float32](dlogits)
 	var dw []float32
 	if dweight != nil {

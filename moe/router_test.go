@@ -289,3 +289,72 @@ func TestRouteGrad(t *testing.T) {
 		}
 	})
 }
+
+// TestRouteBalanceOver splits each batch of the routing cases with the load-balancing
+// loss into routings of a few tokens each (one of none), balances each over the whole
+// batch, and checks that their losses add up to the whole batch's and that their
+// RouteGrad gradients are the whole batch's rows, while each Load stays its own.
+func TestRouteBalanceOver(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		s := d.Stream()
+		for i, tc := range routeCases {
+			if tc.cfg.AuxLoss == 0 || tc.T == 0 {
+				continue
+			}
+			t.Run(tc.name, func(t *testing.T) {
+				r := dt.Rand(uint64(300 + i))
+				E, K, T := tc.cfg.Experts, tc.cfg.TopK, tc.T
+				logits, bias := routeInputs(r, tc.cfg, T, tc.bias)
+				dw := dt.Normal(r, T*K, 1)
+				var bt *device.Tensor
+				if bias != nil {
+					bt = up(t, s, device.F32, bias, E)
+					defer bt.Free()
+				}
+				// grad routes logits rows [a, b) and, when whole is not nil, balances
+				// the routing over the whole batch; it returns the routing, its loss and
+				// its dlogits.
+				grad := func(a, b int, whole *Routing) (*Routing, float32, []float32) {
+					lt := up(t, s, device.F32, logits[a*E:b*E], b-a, E)
+					defer lt.Free()
+					rt := dt.Must(Route(s, tc.cfg, lt, bt))
+					if whole != nil {
+						for range 2 { // a second call replaces the first
+							dt.NoErr(t, rt.BalanceOver(s, whole.Load, T))
+						}
+					}
+					dwt := up(t, s, device.F32, dw[a*K:b*K], b-a, K)
+					defer dwt.Free()
+					dl := alloc(t, s, device.F32, b-a, E)
+					defer dl.Free()
+					dt.NoErr(t, RouteGrad(s, dl, dwt, rt))
+					return rt, down(t, s, rt.AuxLoss)[0], down(t, s, dl)
+				}
+				whole, wantAux, wantDl := grad(0, T, nil)
+				defer whole.Free()
+				cuts := []int{0, T / 3, T / 3, T}
+				var aux float64
+				load := make([]int32, E)
+				for p := range len(cuts) - 1 {
+					a, b := cuts[p], cuts[p+1]
+					rt, pa, dl := grad(a, b, whole)
+					aux += float64(pa)
+					for e, n := range downI32(t, s, rt.Load) {
+						load[e] += n
+					}
+					if got := downI32(t, s, rt.AuxLoad); cmp.Diff(downI32(t, s, whole.Load), got) != "" {
+						t.Errorf("tokens [%d, %d): AuxLoad %v, want the whole batch's load", a, b, got)
+					}
+					rt.Free()
+					closeTo(t, "dlogits of the part", dl, f64(wantDl[a*E:b*E]), 1e-5)
+				}
+				if diff := cmp.Diff(downI32(t, s, whole.Load), load); diff != "" {
+					t.Errorf("the parts' loads summed (-whole +parts):\n%s", diff)
+				}
+				if math.Abs(aux-float64(wantAux)) > 1e-5*float64(wantAux) {
+					t.Errorf("the parts' losses sum to %v, want the whole batch's %v", aux, wantAux)
+				}
+			})
+		}
+	})
+}

@@ -19,7 +19,7 @@ type adamArgs struct {
 }
 
 // adamChunk is TR_ADAM_CHUNK: the elements of a parameter each block takes at a time.
-const adamChunk = 4096
+const adamChunk = 2048
 
 // adamParam is one parameter of a multi-tensor AdamW step: the parameter p, its gradient
 // g and moments m and v, all F32 of one length; c, when not nil, a BF16 copy of p of the
@@ -36,6 +36,49 @@ type adamTable struct {
 	ps     []adamParam
 	tab    *device.Tensor // I64[len(ps), 8] on a GPU, nil on the CPU
 	chunks int64
+	grid   int // blocks of the launch, once known
+}
+
+// adamShift returns the position of q's element 0 in its group of 4 elements that the
+// kernel loads and stores at once (16 bytes of f32, 8 of the bf16 copy), 0 to 3, when
+// every tensor of q has its element 0 at the same position; else -1, and the kernel
+// takes q's elements one at a time.
+func adamShift(q adamParam) int {
+	addrs := []elemAddr{{q.p.Ptr(), 4}, {q.g.Ptr(), 4}, {q.m.Ptr(), 4}, {q.v.Ptr(), 4}}
+	if q.c != nil {
+		addrs = append(addrs, elemAddr{q.c.Ptr(), 2})
+	}
+	return groupShift(addrs)
+}
+
+// elemAddr is the address of a tensor's element 0 and the size of its elements.
+type elemAddr struct{ at, size uintptr }
+
+// groupShift returns the position of each address's element in its group of 4
+// elements (of 4·size bytes, aligned) when the position is the same for all and every
+// address is aligned to its element size; else -1.
+func groupShift(addrs []elemAddr) int {
+	shift := -1
+	for _, a := range addrs {
+		if a.at%a.size != 0 {
+			return -1
+		}
+		sh := int(a.at % (4 * a.size) / a.size)
+		if shift >= 0 && sh != shift {
+			return -1
+		}
+		shift = sh
+	}
+	return shift
+}
+
+// adamChunks returns the chunks of the kernel over a parameter of n elements whose
+// groups of 4 start at element −shift (adamShift).
+func adamChunks(n, shift int) int64 {
+	if n == 0 {
+		return 0
+	}
+	return int64((n + max(shift, 0) + adamChunk - 1) / adamChunk)
 }
 
 // newAdamTable returns the table of ps, uploaded on s.
@@ -74,9 +117,11 @@ func newAdamTable(s *device.Stream, ps []adamParam) (*adamTable, error) {
 		if q.decay {
 			decay = 1
 		}
+		shift := adamShift(q)
+		// The last word holds two C ints, decay then shift.
 		words = append(words, int64(q.p.Ptr()), int64(q.g.Ptr()), int64(q.m.Ptr()), int64(q.v.Ptr()), int64(cp),
-			int64(n), t.chunks, decay)
-		t.chunks += int64((n + adamChunk - 1) / adamChunk)
+			int64(n), t.chunks, decay|int64(uint32(int32(shift)))<<32)
+		t.chunks += adamChunks(n, shift)
 	}
 	if s.Device().IsCUDA() {
 		var err error
@@ -95,9 +140,25 @@ func (t *adamTable) Free() error {
 	return t.tab.Free()
 }
 
+// adamStep returns one element's parameter p, first and second moments m and v after a
+// step with gradient g, decay (1, or 1 − lr·wd for a parameter with weight decay) and
+// the step's hyperparameters a. Every product, sum, square root and quotient is rounded
+// to float32 on its own, the explicit conversions keeping the compiler from fusing a
+// multiply and an add: tr_adam1 of kernels/train.cu makes the same operations in the
+// same order, so that the GPU's results are these bit for bit.
+func adamStep(p, g, m, v, decay float32, a adamArgs) (p2, m2, v2 float32) {
+	ob1, ob2 := 1-a.Beta1, 1-a.Beta2
+	m2 = float32(a.Beta1*m) + float32(ob1*g)
+	v2 = float32(a.Beta2*v) + float32(float32(ob2*g)*g)
+	den := float32(math.Sqrt(float64(float32(v2*a.C2)))) + a.Eps // rounded to float32, the float64 root is the correctly rounded float32 one
+	p2 = float32(p*decay) - float32(a.LR*float32(m2*a.C1))/den
+	return p2, m2, v2
+}
+
 // step applies AdamW step n (1, 2, ...) to every parameter of the table, on s:
 // decoupled weight decay p·(1 − lr·wd) for the parameters that take it, then the
-// bias-corrected Adam update, and the compute copies refreshed.
+// bias-corrected Adam update, and the compute copies refreshed. On a GPU it is one
+// launch of tr_adamw, as many blocks as fit on the device at once.
 func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 	if n < 1 {
 		return fmt.Errorf("adamw: step %d, want ≥ 1", n)
@@ -109,8 +170,18 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 		C2:    float32(1 / (1 - math.Pow(h.Beta2, float64(n)))),
 	}
 	if s.Device().IsCUDA() {
-		grid := int(min(t.chunks, int64(8*s.Device().Multiprocessors())))
-		return launch(s, "tr_adamw", device.D1(max(grid, 1)), 0, t.tab, int32(len(t.ps)), t.chunks, a)
+		if t.grid == 0 {
+			k, err := s.Device().Kernel(program, "tr_adamw")
+			if err != nil {
+				return err
+			}
+			per, err := k.MaxActiveBlocksPerSM(threads, 0)
+			if err != nil {
+				return err
+			}
+			t.grid = int(max(min(t.chunks, int64(max(per, 1)*s.Device().Multiprocessors())), 1))
+		}
+		return launch(s, "tr_adamw", device.D1(t.grid), 0, t.tab, int32(len(t.ps)), t.chunks, a)
 	}
 	return s.EnqueueCPU(func() {
 		for _, q := range t.ps {
@@ -123,14 +194,9 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 			if q.c != nil {
 				cv = device.Slice[uint16](q.c)
 			}
-			b1, b2 := a.Beta1, a.Beta2
 			par.For(len(pv), 1<<14, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
-					gi := gv[i]
-					mi := b1*mv[i] + (1-b1)*gi
-					vi := b2*vv[i] + (1-b2)*gi*gi
-					mv[i], vv[i] = mi, vi
-					pv[i] = pv[i]*decay - a.LR*(mi*a.C1)/(float32(math.Sqrt(float64(vi*a.C2)))+a.Eps)
+					pv[i], mv[i], vv[i] = adamStep(pv[i], gv[i], mv[i], vv[i], decay, a)
 					if cv != nil {
 						cv[i] = device.BF16FromFloat32(pv[i])
 					}

@@ -53,9 +53,10 @@
 // layer (moe.Config.EP) and B/N rows of every global batch of B; the other parameters
 // are replicated and their gradients summed over the ranks. Checkpoints hold every
 // rank's experts, gathered by rank 0, so they resume over any N that divides E. On the
-// same global batch the losses are those of -ep 1 within float tolerance, except that
-// each rank's load-balancing loss (-aux) is over its own tokens, and that a capacity
-// model's capacity is per rank (ep.Factor), which is per expert only when N = E.
+// same global batch the losses are those of -ep 1 within float tolerance, the
+// load-balancing loss (-aux) included, which is over the global batch (each rank's
+// layers compute their share from the loads of all ranks); they differ only in that a
+// capacity model's capacity is per rank (ep.Factor), which is per expert only when N = E.
 //
 // -offload POLICY sends the MoE layers' activations named by the policy (package
 // offload's syntax, MaxText's names) to pinned host memory during the forward pass and

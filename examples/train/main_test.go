@@ -304,35 +304,35 @@ func closeHistories(t *testing.T, what string, want, got *report, tol float64) {
 
 // TestEP trains the tiny models with -ep 4 (four in-process ranks of one expert each,
 // eight rows of every batch each) and checks that the losses at every evaluation are
-// those of -ep 1 within float tolerance; that the checkpoints, which hold every rank's
-// experts, resume under -ep 2 as the -ep 1 ones do under -ep 1; and that with the
-// load-balancing loss, which each rank computes over its own tokens, they stay close.
+// those of -ep 1 within float tolerance, with the default load-balancing loss (which
+// is over the global batch) and without it; and that the checkpoints, which hold every
+// rank's experts, resume under -ep 2 as the -ep 1 ones do under -ep 1.
 func TestEP(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
-		o := tinyOptions(t)
-		o.Device, o.NoPlot, o.AuxLoss = d.String(), true, 0
-		rep1, _ := runOK(t, o)
-		o4 := o
-		o4.EP, o4.Out = 4, t.TempDir()
-		rep4, out := runOK(t, o4)
-		if !strings.Contains(out, "4 in-process ranks") {
-			t.Errorf("output does not name the ranks:\n%s", out)
+		for _, aux := range []float64{defaultOptions().AuxLoss, 0} {
+			t.Run(fmt.Sprint("aux=", aux), func(t *testing.T) {
+				o := tinyOptions(t)
+				o.Device, o.NoPlot, o.AuxLoss = d.String(), true, aux
+				rep1, _ := runOK(t, o)
+				o4 := o
+				o4.EP, o4.Out = 4, t.TempDir()
+				rep4, out := runOK(t, o4)
+				if !strings.Contains(out, "4 in-process ranks") {
+					t.Errorf("output does not name the ranks:\n%s", out)
+				}
+				closeHistories(t, "-ep 4", rep1, rep4, 1e-5)
+				if aux == 0 {
+					return
+				}
+				// Resume the dropless models for 10 steps: -ep 1's under -ep 1, -ep 4's
+				// under -ep 2.
+				o.Resume, o.Steps, o.Capacity = true, 10, 0
+				o4.Resume, o4.Steps, o4.Capacity, o4.EP = true, 10, 0, 2
+				again1, _ := runOK(t, o)
+				again2, _ := runOK(t, o4)
+				closeHistories(t, "-ep 4 resumed with -ep 2", again1, again2, 1e-5)
+			})
 		}
-		closeHistories(t, "-ep 4", rep1, rep4, 1e-5)
-
-		// Resume the dropless models for 10 steps: -ep 1's under -ep 1, -ep 4's under -ep 2.
-		o.Resume, o.Steps, o.Capacity = true, 10, 0
-		o4.Resume, o4.Steps, o4.Capacity, o4.EP = true, 10, 0, 2
-		again1, _ := runOK(t, o)
-		again2, _ := runOK(t, o4)
-		closeHistories(t, "-ep 4 resumed with -ep 2", again1, again2, 1e-5)
-
-		o = tinyOptions(t)
-		o.Device, o.NoPlot = d.String(), true
-		rep1, _ = runOK(t, o)
-		o.EP, o.Out = 4, t.TempDir()
-		rep4, _ = runOK(t, o)
-		closeHistories(t, "-ep 4 with -aux 0.01", rep1, rep4, 1e-2)
 	})
 }
 

@@ -47,17 +47,18 @@ func (c ModelConfig) validate() error {
 
 // layerConfig returns the configuration of the MoE layers: expert-parallel over g when
 // g is not nil, offloading to off when it is not. Over R ranks the group applies the
-// capacity, and each rank's load-balancing loss, of its own tokens, has the coefficient
-// AuxLoss/R: the ranks' gradients add up to the gradient of their mean, which differs
-// from the loss over the global batch only in that each rank's loads are its own.
+// capacity, and the load-balancing loss is over the global batch: each rank's layer
+// computes its share of it (its tokens' part of P_e, f_e from the loads of all ranks),
+// and the shares' gradients, summed over the ranks with the other replicated
+// parameters', are those of -ep 1.
 func (c ModelConfig) layerConfig(g *ep.Group, off *offload.Offloader) moe.Config {
-	cf, aux := c.CapacityFactor, c.AuxLoss
+	cf := c.CapacityFactor
 	if g != nil {
-		cf, aux = 0, aux/float32(g.Transport().Size())
+		cf = 0
 	}
 	return moe.Config{
 		Hidden: c.Hidden, FFN: c.FFN, SharedFFN: c.SharedFFN, CapacityFactor: cf,
-		Router: moe.RouterConfig{Experts: c.Experts, TopK: c.TopK, Renormalize: true, AuxLoss: aux},
+		Router: moe.RouterConfig{Experts: c.Experts, TopK: c.TopK, Renormalize: true, AuxLoss: c.AuxLoss},
 		EP:     g, Offload: off,
 	}
 }
@@ -104,7 +105,7 @@ type Model struct {
 	moeP       []*moe.Params
 	moeG       []*moe.Grads
 	mem        *device.Temps  // the parameters' tensors
-	dpGrad     *device.Tensor // F32: the gradients of the replicated parameters, back to back
+	dpGrad     *device.Tensor // F32: the gradients of the replicated parameters, back to back (each at a multiple of gradAlign)
 	dpRecv     *device.Tensor // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
 	adam       *adamTable
 	stats      *device.Tensor // I64[L, E+1]: each layer's load per expert, then dropped assignments
@@ -223,7 +224,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	ndp := 0
 	for _, sp := range specs {
 		if !sp.expert {
-			ndp += numel(sp.full)
+			ndp += alignUp(numel(sp.full), gradAlign)
 		}
 	}
 	m.dpGrad = m.mem.Alloc(device.F32, ndp)
@@ -266,7 +267,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 		} else if p.g, err = m.dpGrad.View(dpOff, p.shape...); err != nil {
 			return nil, m.freeAfter(err)
 		} else {
-			dpOff += len(vals)
+			dpOff += alignUp(len(vals), gradAlign)
 		}
 		p.m, p.v = m.mem.Alloc(device.F32, p.shape...), m.mem.Alloc(device.F32, p.shape...)
 		if sp.compute && o.DType == device.BF16 {
@@ -309,6 +310,15 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	}
 	return m, nil
 }
+
+// gradAlign is the alignment, in elements, of each replicated parameter's gradient in
+// Model.dpGrad: 256 bytes, so that AdamW moves it 16 bytes at a time, as it does the
+// parameter and its moments (allocations of their own); the elements between the
+// gradients stay 0.
+const gradAlign = 64
+
+// alignUp returns n rounded up to a multiple of a.
+func alignUp(n, a int) int { return (n + a - 1) / a * a }
 
 func numel(shape []int) int {
 	n := 1

@@ -210,64 +210,268 @@ func testOps(t *testing.T, s *device.Stream, r *rand.Rand, typ device.DType, B, 
 	near(t, "embedBackward", down(t, s, demb), want, 1e-4)
 }
 
-// TestAdamW checks the multi-tensor AdamW step on each device against a float64
-// reference: parameters of several sizes (one chunk, several, a partial last one),
-// with and without weight decay and compute copy.
-func TestAdamW(t *testing.T) {
-	dt.Run(t, func(t *testing.T, d *device.Device) {
-		s := d.Stream()
-		r := dt.Rand(9)
-		ts := device.NewTemps(s)
-		defer ts.Free()
-		type vals struct{ p, g, m, v []float32 }
-		var ps []adamParam
-		var in []vals
-		for i, n := range []int{1, 5000, adamChunk, 3*adamChunk + 17, 300} {
-			x := vals{dt.Normal(r, n, 1), dt.Normal(r, n, 1), dt.Normal(r, n, 0.1), dt.Normal(r, n, 0.1)}
-			for j := range x.v {
-				x.v[j] *= x.v[j]
-			}
-			q := adamParam{p: up(t, s, x.p, n), g: up(t, s, x.g, n), m: up(t, s, x.m, n), v: up(t, s, x.v, n), decay: i%2 == 0}
-			ts.Add(q.p, q.g, q.m, q.v)
-			if i%3 != 1 {
-				q.c = dt.Must(s.Alloc(device.BF16, n))
-				ts.Add(q.c)
-				dt.Poison(t, s, q.c)
-			}
-			ps = append(ps, q)
-			in = append(in, x)
+// adamCases are the parameters of TestAdamW: lengths around the chunk and the groups
+// of 4, with and without weight decay and compute copy, and where each tensor's element
+// 0 sits in a group of 4 elements (16 bytes of f32, 8 of bf16): all at the start of
+// one, all at the same place past it (the kernel takes the first elements one by one,
+// then groups of 4), or not alike (it takes every element one by one).
+var adamCases = []struct {
+	n            int
+	decay, copy  bool
+	p, g, m, v   int // the place of element 0 in its group, 0 to 3
+	c            int
+	shift, chunk int // adamShift (-1: one element at a time) and the kernel's chunks of this parameter
+}{
+	{n: 1, decay: true, copy: true, chunk: 1},
+	{n: 3, copy: true, p: 1, g: 1, m: 1, v: 1, c: 1, shift: 1, chunk: 1},
+	{n: 5, decay: true, chunk: 1},
+	{n: 7, decay: true, copy: true, p: 3, g: 3, m: 3, v: 3, c: 3, shift: 3, chunk: 1},
+	{n: adamChunk - 1, copy: true, p: 2, g: 2, m: 2, v: 2, c: 2, shift: 2, chunk: 2},
+	{n: adamChunk, decay: true, copy: true, chunk: 1},
+	{n: adamChunk + 1, p: 1, g: 1, m: 1, v: 1, shift: 1, chunk: 2},
+	{n: 3*adamChunk + 17, decay: true, copy: true, chunk: 4},
+	{n: 5000, decay: true, copy: true, p: 3, g: 3, m: 3, v: 3, c: 3, shift: 3, chunk: 3},
+	{n: 5000, copy: true, g: 1, shift: -1, chunk: 3},              // the gradient alone is off
+	{n: 4099, decay: true, copy: true, c: 2, shift: -1, chunk: 3}, // the copy alone is off
+	{n: 20000, decay: true, chunk: 10},
+	{n: 300, p: 2, g: 2, m: 2, v: 2, shift: 2, chunk: 1},
+}
+
+// adamOut is one parameter's state after TestAdamW's steps: its buffers whole, the
+// elements around the tensors included, and where in them the tensors start.
+type adamOut struct {
+	P, M, V []float32
+	C       []uint16
+	At      [5]int // of p, g, m, v and c
+}
+
+// adamGuard is the number of elements of a test buffer past its tensor; 3 more may come
+// before it.
+const adamGuard = 5
+
+// groupStart returns the first element of a buffer at addr (elements of size bytes) at
+// place pos of a group of 4 elements; the CPU's tensors have no address, and start at pos.
+func groupStart(addr, size uintptr, pos int) int {
+	for j := range 4 {
+		if int((addr+uintptr(j)*size)%(4*size)/size) == pos {
+			return j
 		}
-		tab := dt.Must(newAdamTable(s, ps))
-		defer tab.Free()
-		hyp := adamHyper{LR: 0.01, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.1}
-		const step = 3
-		dt.NoErr(t, tab.step(s, hyp, step))
-		c1, c2 := 1/(1-math.Pow(0.9, step)), 1/(1-math.Pow(0.99, step))
-		for i, q := range ps {
-			x, n := in[i], len(in[i].p)
-			wantP, wantM, wantV := make([]float64, n), make([]float64, n), make([]float64, n)
+	}
+	return pos
+}
+
+// runAdam builds the parameters of adamCases on s (values from seed 9, every buffer's
+// elements outside its tensor NaN) and takes AdamW steps 1 to steps with hyp. It returns
+// the buffers and the values the tensors started with.
+func runAdam(t *testing.T, s *device.Stream, hyp adamHyper, steps int) ([]adamOut, [][4][]float32) {
+	r := dt.Rand(9)
+	ts := device.NewTemps(s)
+	defer ts.Free()
+	nan := float32(math.NaN())
+	var ps []adamParam
+	var bufs [][5]*device.Tensor
+	var in [][4][]float32
+	var ats [][5]int
+	for i, c := range adamCases {
+		x := [4][]float32{dt.Normal(r, c.n, 1), dt.Normal(r, c.n, 1), dt.Normal(r, c.n, 0.1), dt.Normal(r, c.n, 0.1)}
+		for j := range x[3] {
+			x[3][j] *= x[3][j]
+		}
+		// Zero and tiny gradients and moments, whose squares and quotients are subnormal.
+		x[1][0], x[3][0] = 0, 0
+		if c.n > 2 {
+			x[1][1], x[2][1], x[3][1] = 1e-20, 1e-30, 1e-38
+		}
+		var b [5]*device.Tensor
+		var at [5]int
+		views := make([]*device.Tensor, 4)
+		for k, pos := range []int{c.p, c.g, c.m, c.v} {
+			b[k] = dt.Must(s.Alloc(device.F32, 3+c.n+adamGuard))
+			ts.Add(b[k])
+			at[k] = groupStart(b[k].Ptr(), 4, pos)
+			v := make([]float32, b[k].Len())
+			for j := range v {
+				v[j] = nan
+			}
+			copy(v[at[k]:], x[k])
+			dt.NoErr(t, b[k].SetFloat32(s, v))
+			views[k] = dt.Must(b[k].View(at[k], c.n))
+		}
+		q := adamParam{p: views[0], g: views[1], m: views[2], v: views[3], decay: c.decay}
+		if c.copy {
+			b[4] = dt.Must(s.Alloc(device.BF16, 3+c.n+adamGuard))
+			ts.Add(b[4])
+			dt.Poison(t, s, b[4])
+			at[4] = groupStart(b[4].Ptr(), 2, c.c)
+			q.c = dt.Must(b[4].View(at[4], c.n))
+		}
+		if s.Device().IsCUDA() {
+			if got := adamShift(q); got != c.shift {
+				t.Fatalf("parameter %d: adamShift = %d, want %d", i, got, c.shift)
+			}
+			if got := adamChunks(c.n, c.shift); got != int64(c.chunk) {
+				t.Fatalf("parameter %d: %d chunks, want %d", i, got, c.chunk)
+			}
+		}
+		ps = append(ps, q)
+		bufs = append(bufs, b)
+		ats = append(ats, at)
+		in = append(in, x)
+	}
+	tab := dt.Must(newAdamTable(s, ps))
+	defer tab.Free()
+	for n := 1; n <= steps; n++ {
+		dt.NoErr(t, tab.step(s, hyp, n))
+	}
+	out := make([]adamOut, len(ps))
+	for i, b := range bufs {
+		out[i] = adamOut{P: down(t, s, b[0]), M: down(t, s, b[2]), V: down(t, s, b[3]), At: ats[i]}
+		if b[4] != nil {
+			out[i].C = make([]uint16, b[4].Len())
+			dt.NoErr(t, device.Download(s, b[4], out[i].C))
+		}
+	}
+	return out, in
+}
+
+// TestAdamW checks the multi-tensor AdamW step on each device: on the CPU against a
+// float64 reference, on a GPU against the CPU bit for bit (parameters, moments and
+// compute copies), for the parameters of adamCases, whose buffers' elements around the
+// tensors must stay untouched.
+func TestAdamW(t *testing.T) {
+	hyp := adamHyper{LR: 0.01, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.1}
+	const steps = 3
+	cpu, in := runAdam(t, device.CPU().Stream(), hyp, steps)
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		got := cpu
+		if d.IsCUDA() {
+			got, _ = runAdam(t, d.Stream(), hyp, steps)
+			for i := range got {
+				if diff := cmp.Diff(bitsOf(cpu[i], adamCases[i].n), bitsOf(got[i], adamCases[i].n)); diff != "" {
+					t.Errorf("parameter %d (%+v): the GPU's step differs from the CPU's (-cpu +gpu):\n%s", i, adamCases[i], diff)
+				}
+			}
+		}
+		for i, c := range adamCases {
+			x, o := in[i], got[i]
+			what := fmt.Sprintf("parameter %d", i)
+			// The float64 reference, step by step.
+			p, g, m, v := f64s(x[0]), f64s(x[1]), f64s(x[2]), f64s(x[3])
 			wd := 0.0
-			if q.decay {
+			if c.decay {
 				wd = hyp.WeightDecay
 			}
-			for j := range n {
-				g := float64(x.g[j])
-				wantM[j] = 0.9*float64(x.m[j]) + 0.1*g
-				wantV[j] = 0.99*float64(x.v[j]) + 0.01*g*g
-				wantP[j] = float64(x.p[j])*(1-0.01*wd) - 0.01*wantM[j]*c1/(math.Sqrt(wantV[j]*c2)+1e-8)
+			for n := 1; n <= steps; n++ {
+				c1, c2 := 1/(1-math.Pow(hyp.Beta1, float64(n))), 1/(1-math.Pow(hyp.Beta2, float64(n)))
+				for j := range p {
+					m[j] = hyp.Beta1*m[j] + (1-hyp.Beta1)*g[j]
+					v[j] = hyp.Beta2*v[j] + (1-hyp.Beta2)*g[j]*g[j]
+					p[j] = p[j]*(1-hyp.LR*wd) - hyp.LR*m[j]*c1/(math.Sqrt(v[j]*c2)+hyp.Eps)
+				}
 			}
-			what := fmt.Sprintf("parameter %d", i)
-			near(t, what+" p", down(t, s, q.p), wantP, 1e-5)
-			near(t, what+" m", down(t, s, q.m), wantM, 1e-5)
-			near(t, what+" v", down(t, s, q.v), wantV, 1e-5)
-			if q.c != nil {
-				pv := down(t, s, q.p)
-				for j, c := range down(t, s, q.c) {
-					if w := device.BF16ToFloat32(device.BF16FromFloat32(pv[j])); c != w {
-						t.Fatalf("%s compute copy [%d] = %v, want bf16(%v) = %v", what, j, c, pv[j], w)
+			ap, am, av, ac := o.At[0], o.At[2], o.At[3], o.At[4]
+			near(t, what+" p", o.P[ap:ap+c.n], p, 1e-5)
+			near(t, what+" m", o.M[am:am+c.n], m, 1e-5)
+			near(t, what+" v", o.V[av:av+c.n], v, 1e-5)
+			for _, b := range []struct {
+				name string
+				buf  []float32
+				off  int
+			}{{"p", o.P, ap}, {"m", o.M, am}, {"v", o.V, av}} {
+				for j, y := range b.buf {
+					if (j < b.off || j >= b.off+c.n) && y == y {
+						t.Fatalf("%s %s: buffer element %d, outside the tensor [%d, %d), was written: %v", what, b.name, j, b.off, b.off+c.n, y)
 					}
 				}
 			}
+			if c.copy {
+				for j, h := range o.C {
+					if j < ac || j >= ac+c.n {
+						if h != 0xFFFF {
+							t.Fatalf("%s compute copy: buffer element %d, outside the tensor [%d, %d), was written: %#x", what, j, ac, ac+c.n, h)
+						}
+					} else if pv := o.P[ap+j-ac]; h != device.BF16FromFloat32(pv) {
+						t.Fatalf("%s compute copy [%d] = %#x, want bf16(%v) = %#x", what, j-ac, h, pv, device.BF16FromFloat32(pv))
+					}
+				}
+			}
+		}
+	})
+}
+
+// bitsOf returns the bits of the n values of each tensor of o (p, m, v and, if any, the
+// compute copy), for exact comparisons.
+func bitsOf(o adamOut, n int) [4][]uint32 {
+	var b [4][]uint32
+	for k, x := range []struct {
+		v  []float32
+		at int
+	}{{o.P, o.At[0]}, {o.M, o.At[2]}, {o.V, o.At[3]}} {
+		b[k] = make([]uint32, n)
+		for i, y := range x.v[x.at : x.at+n] {
+			b[k][i] = math.Float32bits(y)
+		}
+	}
+	if o.C != nil {
+		for _, h := range o.C[o.At[4] : o.At[4]+n] {
+			b[3] = append(b[3], uint32(h))
+		}
+	}
+	return b
+}
+
+func f64s(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// TestGroupShift checks where the AdamW kernel finds a parameter's groups of 4
+// elements, from its tensors' addresses.
+func TestGroupShift(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		addrs []elemAddr
+		want  int
+	}{
+		{"aligned", []elemAddr{{256, 4}, {512, 4}, {1024, 4}, {2048, 4}, {4096, 2}}, 0},
+		{"all_past_by_one", []elemAddr{{260, 4}, {516, 4}, {1028, 4}, {2052, 4}, {4098, 2}}, 1},
+		{"all_past_by_three", []elemAddr{{268, 4}, {524, 4}, {1036, 4}, {2060, 4}}, 3},
+		{"gradient_differs", []elemAddr{{256, 4}, {260, 4}, {1024, 4}, {2048, 4}}, -1},
+		{"copy_differs", []elemAddr{{264, 4}, {520, 4}, {1032, 4}, {2056, 4}, {4098, 2}}, -1},
+		{"misaligned_element", []elemAddr{{258, 4}, {514, 4}, {1026, 4}, {2050, 4}}, -1},
+		{"odd_copy", []elemAddr{{256, 4}, {4097, 2}}, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := groupShift(c.addrs); got != c.want {
+				t.Errorf("groupShift = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+// TestAdamWVector checks that every parameter of a model is one the AdamW kernel moves 4
+// elements at a time: on a GPU every tensor of a parameter starts at the same place of
+// a 16-byte group (the replicated parameters' gradients, views of one buffer, at
+// multiples of gradAlign elements).
+func TestAdamWVector(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		for _, typ := range []device.DType{device.F32, device.BF16} {
+			cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 8, FFN: 4, SharedFFN: 6, Experts: 4, TopK: 2, Layers: 2}
+			m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: typ}))
+			for i, q := range m.adam.ps {
+				if d.IsCUDA() && adamShift(q) < 0 {
+					t.Errorf("%v: parameter %s (%d) is moved one element at a time", typ, m.params[i].name, i)
+				}
+			}
+			for _, p := range m.params {
+				if off := (p.g.Ptr() - m.dpGrad.Ptr()) / 4; !p.expert && off%gradAlign != 0 {
+					t.Errorf("%v: gradient of %s at element %d of the replicated gradients, want a multiple of %d", typ, p.name, off, gradAlign)
+				}
+			}
+			dt.NoErr(t, m.Free())
 		}
 	})
 }

@@ -286,13 +286,23 @@ extern "C" __global__ void dl_moe_route(const float *__restrict__ logits, const 
     }
 }
 
+// The auxiliary loss from each thread's term load[e] * probsum[e] (0 past E), in one
+// block: *auxloss = coef * E * sum_e term / (T*K*T), 0 without tokens.
+__device__ __forceinline__ void dl_moe_aux_store(float term, int T, int E, int K, float coef,
+                                                 float *__restrict__ auxloss) {
+    __shared__ float red[32];
+    float sum = dl_block_sum(term, red);
+    if (threadIdx.x == 0) *auxloss = T > 0 ? (float)((double)coef * E * (double)sum / ((double)T * K * (double)T)) : 0.f;
+}
+
 // One block of blockDim.x >= E threads (multiple of 32, at most 1024): load[e] =
-// sum over blocks of pcnt; when aux, *auxloss = coef * E * sum_e f_e * P_e with
-// f_e = load[e] / (T*K) and P_e = (sum over blocks of psum) / T.
+// sum over blocks of pcnt; when aux, probsum[e] = sum over blocks of psum and
+// *auxloss = coef * E * sum_e f_e * P_e with f_e = load[e] / (T*K) and
+// P_e = probsum[e] / T.
 extern "C" __global__ void dl_moe_route_finalize(const int *__restrict__ pcnt, const float *__restrict__ psum,
                                                  int nb, int T, int E, int K, float coef, int aux,
-                                                 int *__restrict__ load, float *__restrict__ auxloss) {
-    __shared__ float red[32];
+                                                 int *__restrict__ load, float *__restrict__ auxloss,
+                                                 float *__restrict__ probsum) {
     int e = threadIdx.x;
     float term = 0.f;
     if (e < E) {
@@ -303,12 +313,20 @@ extern "C" __global__ void dl_moe_route_finalize(const int *__restrict__ pcnt, c
             if (aux) s += psum[(i64)b * E + e];
         }
         load[e] = c;
+        if (aux) probsum[e] = s;
         term = (float)c * s;
     }
-    if (aux) {
-        float sum = dl_block_sum(term, red);
-        if (e == 0) *auxloss = T > 0 ? (float)((double)coef * E * (double)sum / ((double)T * K * (double)T)) : 0.f;
-    }
+    if (aux) dl_moe_aux_store(term, T, E, K, coef, auxloss);
+}
+
+// The share of a routing in the auxiliary loss over a batch of T tokens whose loads
+// are load[E]: *auxloss = coef * E * sum_e load[e] * probsum[e] / (T*K*T), probsum
+// being the routing's own sums of probabilities (dl_moe_route_finalize's). One block
+// of blockDim.x >= E threads (multiple of 32, at most 1024).
+extern "C" __global__ void dl_moe_aux_loss(const float *__restrict__ probsum, const int *__restrict__ load, int T,
+                                           int E, int K, float coef, float *__restrict__ auxloss) {
+    int e = threadIdx.x;
+    dl_moe_aux_store(e < E ? (float)load[e] * probsum[e] : 0.f, T, E, K, coef, auxloss);
 }
 
 // Backward of dl_moe_route, one warp per token: dl[t,e] = d loss / d logits[t,e]

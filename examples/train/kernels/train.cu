@@ -228,7 +228,11 @@ extern "C" __global__ void tr_embed_bwd(float *__restrict__ demb, const float *_
 }
 
 // One parameter of the multi-tensor AdamW step: its tensors (c, the compute copy in bf16,
-// may be null), its n elements, the first of its chunks, and whether weight decay applies.
+// may be null), its n elements, the first of its chunks, whether weight decay applies,
+// and shift: with shift in [0, 4) every tensor's element 0 sits at position shift of a
+// 16-byte group of f32 (8-byte group of bf16), so that the kernel moves 4 elements at a
+// time, its groups starting at element -shift; -1: the tensors do not share an
+// alignment and the kernel moves one element at a time.
 struct tr_adam_param {
     float *p;
     const float *g;
@@ -237,7 +241,8 @@ struct tr_adam_param {
     u16 *c;
     i64 n;
     i64 chunk0;
-    i64 decay;
+    int decay;
+    int shift;
 };
 
 // The step's hyperparameters: decay = 1 − lr·weight_decay, c1 = 1/(1 − b1^t) and
@@ -246,29 +251,117 @@ struct tr_adam_hyper {
     float lr, b1, b2, eps, decay, c1, c2;
 };
 
-#define TR_ADAM_CHUNK 4096
+#define TR_ADAM_THREADS 256 // the block size tr_adamw is written for
+#define TR_ADAM_VEC 2       // groups of 4 elements each thread loads before it computes
+#define TR_ADAM_CHUNK 2048  // elements of a chunk: TR_ADAM_THREADS × TR_ADAM_VEC groups of 4
+
+// One element of the step, rounded as the CPU's twin (adamStep in adamw.go) rounds it:
+// each product, sum, square root and quotient on its own, round to nearest, no fused
+// multiply-add, so that the results are the CPU's bit for bit. ob1 = 1 − b1, ob2 = 1 − b2.
+__device__ __forceinline__ float tr_adam1(float p, float g, float &m, float &v, float decay,
+                                          const tr_adam_hyper &hp, float ob1, float ob2) {
+    m = __fadd_rn(__fmul_rn(hp.b1, m), __fmul_rn(ob1, g));
+    v = __fadd_rn(__fmul_rn(hp.b2, v), __fmul_rn(__fmul_rn(ob2, g), g));
+    float den = __fadd_rn(__fsqrt_rn(__fmul_rn(v, hp.c2)), hp.eps);
+    return __fsub_rn(__fmul_rn(p, decay), __fdiv_rn(__fmul_rn(hp.lr, __fmul_rn(m, hp.c1)), den));
+}
+
+// Four elements of the step: p, g, m, v as loaded; p, m, v updated.
+__device__ __forceinline__ void tr_adam4(float4 &p, float4 g, float4 &m, float4 &v, float decay,
+                                         const tr_adam_hyper &hp, float ob1, float ob2) {
+    p.x = tr_adam1(p.x, g.x, m.x, v.x, decay, hp, ob1, ob2);
+    p.y = tr_adam1(p.y, g.y, m.y, v.y, decay, hp, ob1, ob2);
+    p.z = tr_adam1(p.z, g.z, m.z, v.z, decay, hp, ob1, ob2);
+    p.w = tr_adam1(p.w, g.w, m.w, v.w, decay, hp, ob1, ob2);
+}
+
+// The bf16 copies of four elements, for one 8-byte store.
+__device__ __forceinline__ uint2 tr_bf16x4(float4 p) {
+    return make_uint2((u32)dl_f32_to_bf16(p.x) | ((u32)dl_f32_to_bf16(p.y) << 16),
+                      (u32)dl_f32_to_bf16(p.z) | ((u32)dl_f32_to_bf16(p.w) << 16));
+}
+
+// Elements [i, i+4) of q, 16-byte aligned (8 for c): loaded, stepped, stored.
+__device__ __forceinline__ void tr_adam_group(const tr_adam_param &q, i64 i, float decay, const tr_adam_hyper &hp,
+                                              float ob1, float ob2) {
+    float4 g = *reinterpret_cast<const float4 *>(q.g + i), m = *reinterpret_cast<const float4 *>(q.m + i);
+    float4 v = *reinterpret_cast<const float4 *>(q.v + i), p = *reinterpret_cast<const float4 *>(q.p + i);
+    tr_adam4(p, g, m, v, decay, hp, ob1, ob2);
+    *reinterpret_cast<float4 *>(q.m + i) = m;
+    *reinterpret_cast<float4 *>(q.v + i) = v;
+    *reinterpret_cast<float4 *>(q.p + i) = p;
+    if (q.c != 0) *reinterpret_cast<uint2 *>(q.c + i) = tr_bf16x4(p);
+}
+
+// Element i of q: loaded, stepped, stored.
+__device__ __forceinline__ void tr_adam_elem(const tr_adam_param &q, i64 i, float decay, const tr_adam_hyper &hp,
+                                             float ob1, float ob2) {
+    float m = q.m[i], v = q.v[i];
+    float p = tr_adam1(q.p[i], q.g[i], m, v, decay, hp, ob1, ob2);
+    q.m[i] = m;
+    q.v[i] = v;
+    q.p[i] = p;
+    if (q.c != 0) q.c[i] = dl_f32_to_bf16(p);
+}
 
 // One AdamW step over every parameter of the table (np entries, nchunks chunks of
 // TR_ADAM_CHUNK elements in all, each parameter's chunks after those of the entries
-// before it): m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g², p = p·decay − lr·(m·c1)/(sqrt(v·c2)
+// before it): m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g·g, p = p·decay − lr·(m·c1)/(sqrt(v·c2)
 // + eps), decay being 1 for parameters without weight decay, and c = bf16(p) where c is
-// given. Blocks take chunks in a grid-stride loop.
-extern "C" __global__ void tr_adamw(const tr_adam_param *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
+// given. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
+// as many blocks as fit on the device at once). A chunk of a parameter with shift ≥ 0
+// is 512 groups of 4 elements, the first group of chunk k at element 2048·k − shift:
+// each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
+// in flight) before it computes and stores them (16-byte stores, 8-byte ones of c); the
+// groups that the parameter's ends cut, in its first and last chunk, go element by
+// element. (Four groups a thread would keep more bytes in flight, but ptxas then spills
+// around the calls of the division's slow path; with two, 58 registers (NVRTC 11.8,
+// sm_90) let four blocks share a multiprocessor, 128 KB in flight on each.)
+extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
+    tr_adamw(const tr_adam_param *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
+    const float ob1 = __fsub_rn(1.f, hp.b1), ob2 = __fsub_rn(1.f, hp.b2);
+    int e = 0; // chunks only grow along the loop, so the entry search goes on from the last
     for (i64 ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
-        int e = 0;
         while (e + 1 < np && tab[e + 1].chunk0 <= ch) e++;
-        tr_adam_param q = tab[e];
-        i64 lo = (ch - q.chunk0) * TR_ADAM_CHUNK, hi = min(lo + TR_ADAM_CHUNK, q.n);
-        float decay = q.decay ? hp.decay : 1.f;
-        for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            float gi = q.g[i];
-            float mi = hp.b1 * q.m[i] + (1.f - hp.b1) * gi;
-            float vi = hp.b2 * q.v[i] + (1.f - hp.b2) * gi * gi;
-            q.m[i] = mi;
-            q.v[i] = vi;
-            float pi = q.p[i] * decay - hp.lr * (mi * hp.c1) / (sqrtf(vi * hp.c2) + hp.eps);
-            q.p[i] = pi;
-            if (q.c != 0) q.c[i] = dl_f32_to_bf16(pi);
+        const tr_adam_param q = tab[e];
+        const float decay = q.decay ? hp.decay : 1.f;
+        const i64 k = ch - q.chunk0;
+        if (q.shift < 0) {
+            i64 hi = min((k + 1) * TR_ADAM_CHUNK, q.n);
+            for (i64 i = k * TR_ADAM_CHUNK + threadIdx.x; i < hi; i += TR_ADAM_THREADS) tr_adam_elem(q, i, decay, hp, ob1, ob2);
+            continue;
+        }
+        const i64 lo = k * TR_ADAM_CHUNK - q.shift; // element of the chunk's first group
+        const i64 t0 = lo + 4 * (i64)threadIdx.x;   // this thread's first group
+        if (lo >= 0 && lo + TR_ADAM_CHUNK <= q.n) {
+            float4 g[TR_ADAM_VEC], m[TR_ADAM_VEC], v[TR_ADAM_VEC], p[TR_ADAM_VEC];
+#pragma unroll
+            for (int u = 0; u < TR_ADAM_VEC; u++) {
+                i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
+                g[u] = *reinterpret_cast<const float4 *>(q.g + i);
+                m[u] = *reinterpret_cast<const float4 *>(q.m + i);
+                v[u] = *reinterpret_cast<const float4 *>(q.v + i);
+                p[u] = *reinterpret_cast<const float4 *>(q.p + i);
+            }
+#pragma unroll
+            for (int u = 0; u < TR_ADAM_VEC; u++) {
+                i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
+                tr_adam4(p[u], g[u], m[u], v[u], decay, hp, ob1, ob2);
+                *reinterpret_cast<float4 *>(q.m + i) = m[u];
+                *reinterpret_cast<float4 *>(q.v + i) = v[u];
+                *reinterpret_cast<float4 *>(q.p + i) = p[u];
+                if (q.c != 0) *reinterpret_cast<uint2 *>(q.c + i) = tr_bf16x4(p[u]);
+            }
+            continue;
+        }
+        // The parameter's first or last chunk: whole groups as above, cut ones by element.
+        for (int u = 0; u < TR_ADAM_VEC; u++) {
+            i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
+            if (i >= 0 && i + 4 <= q.n) {
+                tr_adam_group(q, i, decay, hp, ob1, ob2);
+            } else {
+                for (i64 j = max(i, (i64)0); j < min(i + 4, q.n); j++) tr_adam_elem(q, j, decay, hp, ob1, ob2);
+            }
         }
     }
 }
