@@ -16,11 +16,18 @@ func TestBadArgs(t *testing.T) {
 	grouped := quant.Options{GroupSizes: gs}
 	q := dt.Must(quant.Quantize(s, x, quant.Options{}))
 	qg := dt.Must(quant.Quantize(s, x, grouped))
+	trOpt := quant.Options{Dir: quant.Both, Transpose: true}
+	qt := dt.Must(quant.Quantize(s, x, trOpt))
 	gone := dt.Must(quant.Quantize(s, x, quant.Options{}))
 	dt.NoErr(t, gone.Free())
 	// changed returns a copy of q changed by edit, as a caller might.
 	changed := func(edit func(c *quant.MXFP8)) *quant.MXFP8 {
 		c := *q
+		edit(&c)
+		return &c
+	}
+	changedT := func(edit func(c *quant.MXFP8)) *quant.MXFP8 {
+		c := *qt
 		edit(&c)
 		return &c
 	}
@@ -46,6 +53,8 @@ func TestBadArgs(t *testing.T) {
 		{"mode 5", quant.Options{Mode: 5}, "opt.Mode"},
 		{"dir 9", quant.Options{Dir: 9}, "opt.Dir"},
 		{"dir -1", quant.Options{Dir: -1}, "opt.Dir"},
+		{"transpose rowwise", quant.Options{Transpose: true}, "opt.Transpose"},
+		{"NK", quant.Options{NK: true}, "opt.NK"},
 	}
 	for _, b := range badGroupArgs(al, freed) {
 		badOptions = append(badOptions, struct {
@@ -89,6 +98,17 @@ func TestBadArgs(t *testing.T) {
 		{"QuantizeInto/opt.Format of another q", into(q, x, quant.Options{Format: quant.E5M2}), "opt.Format"},
 		{"QuantizeInto/opt.Dir of another q", into(q, x, quant.Options{Dir: quant.Columnwise}), "opt.Dir"},
 		{"QuantizeInto/opt.Swizzle of another q", into(q, x, quant.Options{Swizzle: true}), "opt.Swizzle"},
+		{"QuantizeInto/opt.Transpose of another q", into(q, x, quant.Options{Dir: quant.Both, Transpose: true}), "opt.Dir"},
+		{"QuantizeInto/opt.Transpose into untransposed q", into(changed(func(c *quant.MXFP8) { c.Dir, c.Col, c.ColScale = quant.Both, qt.ColT, qt.ColScale }), x, trOpt), "q"},
+		{"QuantizeInto/no opt.Transpose into transposed q", into(qt, x, quant.Options{Dir: quant.Both}), "opt.Transpose"},
+		{"QuantizeInto/q.Transposed cleared", into(changedT(func(c *quant.MXFP8) { c.Transposed = false }), x, quant.Options{Dir: quant.Both}), "q"},
+		{"QuantizeInto/q.Transposed set on rowwise q", into(changed(func(c *quant.MXFP8) { c.Transposed = true }), x, quant.Options{Transpose: true}), "opt.Transpose"},
+		{"QuantizeInto/q.Transposed set on rowwise q, valid opt", into(changed(func(c *quant.MXFP8) { c.Transposed = true }), x, quant.Options{}), "q"},
+		{"QuantizeInto/q.ColT replaced", into(changedT(func(c *quant.MXFP8) { c.ColT = al(device.E4M3, 64, 64) }), x, trOpt), "q.ColT"},
+		{"QuantizeInto/q.ColT of E5M2", into(changedT(func(c *quant.MXFP8) { c.ColT = al(device.E5M2, qt.ColT.Shape()...) }), x, trOpt), "q.ColT"},
+		{"QuantizeInto/q.ColT nil", into(changedT(func(c *quant.MXFP8) { c.ColT = nil }), x, trOpt), "q"},
+		{"QuantizeInto/q.ColT freed", into(changedT(func(c *quant.MXFP8) { c.ColT = freed(device.E4M3, qt.ColT.Shape()...) }), x, trOpt), "q.ColT"},
+		{"QuantizeInto/q.Col set on transposed q", into(changedT(func(c *quant.MXFP8) { c.Col = al(device.E4M3, 64, 64) }), x, trOpt), "q"},
 		{"QuantizeInto/groups into ungrouped q", into(q, x, grouped), "opt.GroupSizes"},
 		{"QuantizeInto/no groups into grouped q", into(qg, x, quant.Options{}), "opt.GroupSizes"},
 		{"QuantizeInto/too many groups", into(qg, x, quant.Options{GroupSizes: al(device.I32, 3)}), "opt.GroupSizes"},
@@ -106,6 +126,10 @@ func TestBadArgs(t *testing.T) {
 		{"Dequantize/dir 9", deq(y, q, 9), "dir"},
 		{"Dequantize/dir Both", deq(y, q, quant.Both), "dir"},
 		{"Dequantize/dir missing from q", deq(y, q, quant.Columnwise), "dir"},
+		{"Dequantize/q.ColT nil", deq(y, changedT(func(c *quant.MXFP8) { c.ColT = nil }), quant.Columnwise), "q.ColT"},
+		{"Dequantize/q.ColT replaced", deq(y, changedT(func(c *quant.MXFP8) { c.ColT = al(device.E4M3, 64, 64) }), quant.Columnwise), "q.ColT"},
+		{"Dequantize/q.ColT freed", deq(y, changedT(func(c *quant.MXFP8) { c.ColT = freed(device.E4M3, qt.ColT.Shape()...) }), quant.Columnwise), "q.ColT"},
+		{"Dequantize/q.Transposed set on rowwise q", deq(y, changed(func(c *quant.MXFP8) { c.Transposed = true }), quant.Rowwise), "q"},
 	}
 	for _, b := range badOptions {
 		cases = append(cases,
@@ -119,10 +143,15 @@ func TestBadArgs(t *testing.T) {
 	if err := none.Free(); err != nil || none.Tiles() != 0 {
 		t.Errorf("nil MXFP8: Free() = %v, Tiles() = %d, want nil and 0", err, none.Tiles())
 	}
-	for _, c := range []*quant.MXFP8{q, qg} {
+	for _, c := range []*quant.MXFP8{q, qg, qt} {
 		if err := quant.Dequantize(s, y, c, quant.Rowwise); err != nil {
 			t.Errorf("Dequantize with valid arguments: %v", err)
 		}
+	}
+	if err := quant.Dequantize(s, y, qt, quant.Columnwise); err != nil {
+		t.Errorf("Dequantize from ColT with valid arguments: %v", err)
+	}
+	for _, c := range []*quant.MXFP8{q, qg, qt} {
 		c.Free()
 	}
 }

@@ -277,3 +277,84 @@ func TestBlockwiseBandwidthGPU(t *testing.T) {
 	w.Free()
 	q.Free()
 }
+
+// mxTransposedSetup returns c's activation x [M, K] bf16, the options of MXFP8 rowwise and
+// transposed columnwise quantization in the case's groups (the operands of the forward
+// and of the weight gradient), the outputs and the bytes one quantization reads and
+// writes.
+func mxTransposedSetup(tb testing.TB, s *device.Stream, c baseline.Case) (*device.Tensor, Options, *MXFP8, int) {
+	x := benchSource(tb, s, c.M, c.K)
+	opt := Options{Dir: Both, Transpose: true, GroupSizes: groupTensor(tb, s, c.Sizes())}
+	q := dt.Must(Alloc(s, c.M, c.K, opt))
+	return x, opt, q, x.Bytes() + bytesOfAll(q.Row, q.RowScale, q.ColT, q.ColScale)
+}
+
+// BenchmarkQuantizeTransposed reports GB/s (bytes read + written) of the MXFP8
+// quantization of the baseline cases' activations into Row and ColT in the case's groups.
+func BenchmarkQuantizeTransposed(b *testing.B) {
+	for _, d := range dt.Devices(b) {
+		b.Run(d.String(), func(b *testing.B) {
+			for _, c := range bwBenchCases(d) {
+				b.Run(c.Name, func(b *testing.B) {
+					s := d.Stream()
+					x, opt, q, bytes := mxTransposedSetup(b, s, c)
+					defer device.FreeAll(x, opt.GroupSizes)
+					defer q.Free()
+					dt.NoErr(b, QuantizeInto(s, q, x, opt)) // compiles the kernels
+					timeBytes(b, s, bytes, func() error { return QuantizeInto(s, q, x, opt) })
+				})
+			}
+		})
+	}
+}
+
+// mxWeightSetup returns bf16 weights [G, K, N] of bwWeightShape, their MXFP8
+// quantization and the bytes one quantization reads and writes.
+func mxWeightSetup(tb testing.TB, s *device.Stream, d *device.Device) (*device.Tensor, *MXFP8Weights, int) {
+	g, k, n := bwWeightShape(d)
+	w := dt.Must(benchSource(tb, s, g*k, n).Reshape(g, k, n))
+	q := dt.Must(QuantizeMXFP8Weights(s, w, Options{}))
+	return w, q, w.Bytes() + bytesOfAll(q.KMajor, q.KScale, q.NMajor, q.NScale)
+}
+
+// BenchmarkQuantizeMXFP8Weights reports GB/s (bytes read + written) of the MXFP8
+// quantization of bf16 expert weights (32×7168×4096 on a GPU) into both orientations.
+func BenchmarkQuantizeMXFP8Weights(b *testing.B) {
+	for _, d := range dt.Devices(b) {
+		b.Run(d.String(), func(b *testing.B) {
+			s := d.Stream()
+			w, q, bytes := mxWeightSetup(b, s, d)
+			defer w.Free()
+			defer q.Free()
+			timeBytes(b, s, bytes, func() error { return quantizeMXFP8WeightsInto(s, q, w) })
+		})
+	}
+}
+
+// TestMXFP8TransposedBandwidthGPU logs the bandwidth, read + write bytes, of the MXFP8
+// quantization into Row and ColT of the first two baseline cases (65536×7168 bf16,
+// uniform and skewed groups) beside that into Row and Col, and of the MXFP8 weights
+// (32×7168×4096 bf16). It sets no floors: they await a measurement.
+func TestMXFP8TransposedBandwidthGPU(t *testing.T) {
+	g := dt.GPU(t)
+	s := g.Stream()
+	for _, c := range baseline.Cases()[:2] {
+		x := benchSource(t, s, c.M, c.K)
+		for _, tr := range []bool{false, true} {
+			opt := Options{Dir: Both, Transpose: tr, GroupSizes: groupTensor(t, s, c.Sizes())}
+			q := dt.Must(Alloc(s, c.M, c.K, opt))
+			bytes := x.Bytes() + bytesOfAll(q.Row, q.RowScale, q.Col, q.ColT, q.ColScale)
+			dt.NoErr(t, QuantizeInto(s, q, x, opt))
+			el := medianTime(t, s, 20, func() { dt.NoErr(t, QuantizeInto(s, q, x, opt)) })
+			t.Logf("%s both, transposed %v: %v for %.3f GB, %.2f TB/s", c.Name, tr, el, float64(bytes)/1e9, float64(bytes)/el.Seconds()/1e12)
+			opt.GroupSizes.Free()
+			q.Free()
+		}
+		x.Free()
+	}
+	w, q, bytes := mxWeightSetup(t, s, g)
+	el := medianTime(t, s, 10, func() { dt.NoErr(t, quantizeMXFP8WeightsInto(s, q, w)) })
+	t.Logf("MXFP8 weights %v: %v for %.3f GB, %.2f TB/s", w.Shape(), el, float64(bytes)/1e9, float64(bytes)/el.Seconds()/1e12)
+	w.Free()
+	q.Free()
+}

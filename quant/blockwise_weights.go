@@ -56,27 +56,9 @@ func QuantizeWeights(s *device.Stream, w *device.Tensor, opt BlockOptions) (*Blo
 	case opt.GroupSizes != nil:
 		return nil, fmt.Errorf("quant: %s: opt.GroupSizes is %v: want nil, weights have no groups of rows", fn, opt.GroupSizes)
 	}
-	if err := w.Check(s, "w"); err != nil {
-		return nil, fmt.Errorf("quant: %s: %w", fn, err)
-	}
-	layout := "[G, K, N]"
-	if opt.NK {
-		layout = "[G, N, K] (opt.NK)"
-	}
-	if dt := w.DType(); (dt != device.BF16 && dt != device.F32) || w.Rank() != 3 {
-		return nil, fmt.Errorf("quant: %s: w is %v: want bf16 or f32 %s", fn, w, layout)
-	}
-	k, n := w.Dim(1), w.Dim(2)
-	if opt.NK {
-		k, n = n, k
-	}
-	for _, d := range []struct {
-		name string
-		v    int
-	}{{"K", k}, {"N", n}} {
-		if d.v%16 != 0 {
-			return nil, fmt.Errorf("quant: %s: w is %v %s: %s = %d is not a multiple of 16 (FP8 rows of whole 16-byte units)", fn, w, layout, d.name, d.v)
-		}
+	k, n, err := checkWeightSource(fn, s, w, opt.NK)
+	if err != nil {
+		return nil, err
 	}
 	g := newWGeom(w.Dim(0), k, n, opt.NK)
 	if g.r > math.MaxInt32-BlockSize || g.c > math.MaxInt32-BlockSize || (g.nrt*g.nct > 0 && g.g > math.MaxInt32/(g.nrt*g.nct)) {
@@ -96,6 +78,35 @@ func QuantizeWeights(s *device.Stream, w *device.Tensor, opt BlockOptions) (*Blo
 	}
 	ts.Keep()
 	return q, nil
+}
+
+// checkWeightSource returns K and N of w, the expert weights of a quantization of fn,
+// and an error unless w is a live BF16 or F32 tensor on s's device, [G, K, N] (or with
+// nk [G, N, K]) with K and N multiples of 16.
+func checkWeightSource(fn string, s *device.Stream, w *device.Tensor, nk bool) (k, n int, err error) {
+	if err := w.Check(s, "w"); err != nil {
+		return 0, 0, fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	layout := "[G, K, N]"
+	if nk {
+		layout = "[G, N, K] (opt.NK)"
+	}
+	if dt := w.DType(); (dt != device.BF16 && dt != device.F32) || w.Rank() != 3 {
+		return 0, 0, fmt.Errorf("quant: %s: w is %v: want bf16 or f32 %s", fn, w, layout)
+	}
+	k, n = w.Dim(1), w.Dim(2)
+	if nk {
+		k, n = n, k
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"K", k}, {"N", n}} {
+		if d.v%16 != 0 {
+			return 0, 0, fmt.Errorf("quant: %s: w is %v %s: %s = %d is not a multiple of 16 (FP8 rows of whole 16-byte units)", fn, w, layout, d.name, d.v)
+		}
+	}
+	return k, n, nil
 }
 
 // quantizeWeightsInto quantizes w, checked to have q's shape and orientation, into q.

@@ -57,14 +57,30 @@ func storedTiles(q *MXFP8) []tile {
 	return ts
 }
 
+// encodeBlock quantizes one block v (at most 32 values; NaN left out of its amax) to
+// format f under rule mode: it writes the elements to out[:len(v)] and returns the
+// scale code. Every MXFP8 block of the package, rowwise, columnwise or of weights, is
+// quantized by it.
+func encodeBlock(out []uint8, v []float32, f Format, mode ScaleMode) uint8 {
+	code := scaleCode(amax(v), f, mode)
+	inv := invScale(code)
+	for i, x := range v {
+		out[i] = f.encode(float32(x * inv))
+	}
+	return code
+}
+
 func quantizeCPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device.Status) error {
 	return s.EnqueueCPU(func() {
 		ts := cpuTiles(q, sizes, st)
 		in := source(x)
-		rq, rs, cq, cs := bytesOf(q.Row), bytesOf(q.RowScale), bytesOf(q.Col), bytesOf(q.ColScale)
+		rq, rs, cq, cs, ct := bytesOf(q.Row), bytesOf(q.RowScale), bytesOf(q.Col), bytesOf(q.ColScale), bytesOf(q.ColT)
 		g, f, mode, swz := q.g, q.Format, q.Mode, q.Swizzled
+		ld := blockSize * g.ntiles // ColT's row length
 		par.For(len(ts), max(1, 4096/max(g.k, 1)), func(lo, hi int) {
 			buf := make([]float32, blockSize*g.k)
+			col := make([]float32, blockSize)
+			enc := make([]uint8, blockSize)
 			for t := lo; t < hi; t++ {
 				tl := ts[t]
 				row0, n := int(tl.row0), int(tl.nrows)
@@ -73,6 +89,14 @@ func quantizeCPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device
 						if d != nil {
 							for i := row0 * g.k; i < min(row0+blockSize, g.m)*g.k; i++ {
 								d[i] = 0x7f
+							}
+						}
+					}
+					if ct != nil { // every element of ColT: the tile's 32 columns
+						for j := range g.k {
+							o := j*ld + blockSize*t
+							for i := range blockSize {
+								ct[o+i] = 0x7f
 							}
 						}
 					}
@@ -104,34 +128,34 @@ func quantizeCPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device
 								continue
 							}
 							blk := buf[r*g.k+c*blockSize : r*g.k+min((c+1)*blockSize, g.k)]
-							code := scaleCode(amax(blk), f, mode)
-							rs[off] = code
-							inv := invScale(code)
 							o := (row0+r)*g.k + c*blockSize
-							for i, v := range blk {
-								rq[o+i] = f.encode(float32(v * inv))
-							}
+							rs[off] = encodeBlock(rq[o:o+len(blk)], blk, f, mode)
 						}
 					}
 				}
 				if cs != nil {
 					for j := range g.kp {
 						off := g.colScaleOff(swz, t, j, int(tl.p4), int(tl.cg))
+						var tc []uint8 // the tile's 32 columns of ColT row j
+						if ct != nil && j < g.k {
+							tc = ct[j*ld+blockSize*t : j*ld+blockSize*(t+1)]
+							clear(tc[n:]) // padding columns
+						}
 						if j >= g.k || n == 0 {
 							cs[off] = 0
 							continue
 						}
-						a := float32(0)
-						for r := range n {
-							if v := abs32(buf[r*g.k+j]); v > a {
-								a = v
-							}
+						v := col[:n]
+						for r := range v {
+							v[r] = buf[r*g.k+j]
 						}
-						code := scaleCode(a, f, mode)
-						cs[off] = code
-						inv := invScale(code)
-						for r := range n {
-							cq[(row0+r)*g.k+j] = f.encode(float32(buf[r*g.k+j] * inv))
+						if tc != nil {
+							cs[off] = encodeBlock(tc, v, f, mode)
+							continue
+						}
+						cs[off] = encodeBlock(enc, v, f, mode)
+						for r, e := range enc[:n] {
+							cq[(row0+r)*g.k+j] = e
 						}
 					}
 				}
@@ -158,6 +182,8 @@ func dequantizeCPU(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction
 		ts := storedTiles(q)
 		e, sc := bytesOf(data), bytesOf(scale)
 		g, f, swz := q.g, q.Format, q.Swizzled
+		tr := dir == Columnwise && q.Transposed
+		ld := blockSize * g.ntiles
 		var put func(i int, v float32)
 		if dst.DType() == device.BF16 {
 			d := device.Slice[uint16](dst)
@@ -187,7 +213,11 @@ func dequantizeCPU(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction
 							c = sc[g.colScaleOff(swz, t, j, int(tl.p4), int(tl.cg))]
 						}
 						i := (row0+r)*g.k + j
-						put(i, dequantValue(f, e[i], c))
+						code := e[i]
+						if tr {
+							code = e[j*ld+blockSize*t+r]
+						}
+						put(i, dequantValue(f, code, c))
 					}
 				}
 			}

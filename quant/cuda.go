@@ -18,6 +18,9 @@ var kernels = device.NewProgram("mxfp8.cu", mxfp8Src)
 // both against the CPU.
 var softKernels = device.NewProgram("mxfp8.cu", mxfp8Src, "-DDL_MX_HW_CVT=0")
 
+// fastThreads is DL_MX_FAST_THREADS, the block of the 32×256 tile kernels.
+const fastThreads = 128
+
 // Kernel selection, changed by tests only.
 var (
 	program      = kernels
@@ -25,10 +28,19 @@ var (
 )
 
 // fastOK reports whether the fast kernel applies: K a multiple of 32, the source
-// 16-byte aligned, the data outputs 8-byte aligned.
+// 16-byte aligned, the data outputs 8-byte aligned (ColT 16-byte aligned).
 func fastOK(q *MXFP8, x *device.Tensor) bool {
 	al := func(t *device.Tensor, n uintptr) bool { return t == nil || t.Ptr()%n == 0 }
-	return !forceGeneral && q.K%blockSize == 0 && al(x, 16) && al(q.Row, 8) && al(q.Col, 8)
+	return !forceGeneral && q.K%blockSize == 0 && al(x, 16) && al(q.Row, 8) && al(q.Col, 8) && al(q.ColT, 16)
+}
+
+// fastSuffix names the fast kernel of q's outputs.
+func fastSuffix(q *MXFP8) string {
+	name := map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir]
+	if q.Transposed {
+		name += "t" // colt, botht: ColT instead of Col
+	}
+	return name
 }
 
 // quantizeGPU enqueues the quantization of x into q on s; with group sizes, invalid
@@ -61,17 +73,21 @@ func quantizeGPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device
 	if grid == 0 {
 		return nil
 	}
-	args := []any{x, q.Row, q.RowScale, q.Col, q.ColScale, tiles,
+	col := q.Col
+	if q.Transposed {
+		col = q.ColT
+	}
+	args := []any{x, q.Row, q.RowScale, col, q.ColScale, tiles,
 		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp),
 		q.Format.rcp(), int32(q.Format.emax()), q.Mode == FLOOR, q.Swizzled}
 	var name string
 	threads := 256
 	if fastOK(q, x) {
-		name = fmt.Sprintf("dl_mxq_%s_%s_%s", x.DType(), q.Format, map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir])
-		threads = 128
+		name = fmt.Sprintf("dl_mxq_%s_%s_%s", x.DType(), q.Format, fastSuffix(q))
+		threads = fastThreads
 	} else {
 		name = fmt.Sprintf("dl_mxq_gen_%s_%s", x.DType(), q.Format)
-		args = append(args, q.Dir.rows(), q.Dir.cols())
+		args = append(args, q.Dir.rows(), q.Dir.cols(), q.Transposed)
 	}
 	k, err := d.Kernel(program, name)
 	if err != nil {
@@ -91,5 +107,6 @@ func dequantizeGPU(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction
 		return err
 	}
 	return k.Launch(s, device.D1(grid), device.D1(256), 0, dst, data, scale, q.tiles,
-		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp), q.Swizzled, dir == Columnwise)
+		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp), q.Swizzled, dir == Columnwise,
+		dir == Columnwise && q.Transposed)
 }

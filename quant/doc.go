@@ -1,6 +1,7 @@
 // Package quant quantizes tensors to MXFP8 (OCP microscaling: 32-element blocks sharing
 // an E8M0 scale, E4M3 or E5M2 elements), rowwise and columnwise in one pass, aware of
-// expert groups, and dequantizes them back, on the CPU and on CUDA GPUs.
+// expert groups, with the columnwise data optionally transposed, and expert weights in
+// both orientations; and dequantizes them back, on the CPU and on CUDA GPUs.
 //
 // The CPU path is the reference; the GPU kernels are bit-identical to it.
 //
@@ -57,6 +58,14 @@
 // T] matrix of a [K, M] operand, so that swizzled ColScale(X) equals swizzled
 // RowScale(Xᵀ).
 //
+// With Options.Transpose the columnwise data is stored transposed instead, as ColT
+// [K, 32·T], the K-major operand that Hopper's FP8 GEMMs (wgmma reads both operands
+// K-major) contract over tokens in the weight gradient: token column p = 32t + i is row
+// i of tile t, so ColT[k][32t + i] = Col[row0_t + i][k], the element of column k in
+// the block whose scale is ColScale (t, k), which does not change (plain or swizzled).
+// Without groups row(p) = p. Columns of rows a tile lacks (past M, or past a group's
+// last row) are code 0.
+//
 // # Groups
 //
 // With Options.GroupSizes the M rows are G consecutive groups (the tokens of G experts)
@@ -68,16 +77,42 @@
 // P_g = Σ_{h<g} ceil(M_h/128). So that shapes do not depend on the sizes, T is the
 // bound 4·(floor(M/128) + min(G, M)); scale rows after the last group are padding.
 // Group sizes are checked on the device and invalid ones recorded in a device.Status:
-// Options.Status, or the MXFP8's own Status.
+// Options.Status, or the MXFP8's own Status. In ColT group g's rows are the columns
+// [128·P_g, 128·P_g + M_g), and its columns up to 128·P_g + roundup(M_g, 128) padding.
+// Dequantize recovers rows from the tile descriptors of the last quantization.
+//
+// # MXFP8 weights
+//
+// QuantizeMXFP8Weights quantizes expert weights w [G, K, N] (or [G, N, K], PyTorch's
+// Linear layout, with Options.NK) into both orientations the GEMMs read, from one read
+// of w. A 1×32 block's transpose is not a block, so each orientation has scales of its
+// own: KMajor, Format [G, N, K] in 1×32 blocks along K (the forward, y = x·w_g), with
+// KScale, E8M0 [G, ceil(K/128), N, 4], the scale of w_g[k][n]'s block at
+// (g, k/128, n, (k/32)%4); and NMajor, Format [G, K, N] in blocks along N (the input
+// gradient, dx = dy·w_gᵀ), with NScale [G, ceil(N/128), K, 4], the scale at
+// (g, n/128, k, (n/32)%4). The scales of a 128-deep step of 128 output columns are then
+// 512 contiguous bytes. Every block follows the rules above, as a rowwise block of
+// Quantize: KMajor holds Quantize's Row of the rows of w_gᵀ, NMajor that of the rows of
+// w_g. K and N must be multiples of 16; a last block of 16 is short. Slots of blocks
+// past K or N in the last 128 are 0, as every padding scale.
 //
 // # Performance
 //
 // On a GPU one kernel reads the source once for both directions: a block of 128 threads
 // loads a 32×256 tile with 16-byte loads, reduces rowwise blocks with warp shuffles and
-// columnwise blocks through shared memory, and stores elements 8 bytes per thread. K a
-// multiple of 32 and a 16-byte aligned source take that path; others take a general
-// kernel. Grouped quantization adds a one-block kernel that turns the group sizes into
-// tile descriptors; nothing waits for the host.
+// columnwise blocks through shared memory, and stores elements 8 bytes per thread. With
+// Transpose the columnwise elements go through a shared 256×32-byte tile (its 8-byte
+// chunks XOR-swizzled so that neither side conflicts) and leave as ColT's 32-byte
+// pieces, 16 bytes per thread, each warp writing 16 whole pieces. K a multiple of 32 and
+// a 16-byte aligned source take that path; others take a general kernel (with
+// Transpose, each thread writes its column's 32 codes at once). Grouped quantization
+// adds a one-block kernel that turns the group sizes into tile descriptors; nothing
+// waits for the host.
+//
+// The MXFP8 weights take one kernel of the same 32×256 tiles of w_g: the rowwise blocks
+// of the tile make the orientation of w's own layout (row-major, 8 bytes per thread and
+// row, the scales of a tile gathered in shared memory and stored as two 128-byte runs),
+// its columnwise blocks the transposed one, through the shared tile.
 //
 // # Blockwise FP8
 //

@@ -14,7 +14,7 @@ import (
 // the scales; dequantizing, quantizing again and dequantizing reproduces the values
 // bit for bit (finite inputs are kept below 2^126), and the codes too, but in RCEIL blocks whose largest element is Max/2
 // and in blocks of scale 254. flags: bit 0 E5M2, bit 1 FLOOR, bit 2 swizzle, bit 3 two
-// groups, bit 4 f32 source.
+// groups, bit 4 f32 source, bit 5 the transposed form (ColT) against the reference too.
 func FuzzQuantize(f *testing.F) {
 	bf := func(v ...float32) []byte {
 		b := make([]byte, 2*len(v))
@@ -39,6 +39,8 @@ func FuzzQuantize(f *testing.F) {
 	f.Add(bf(nan, 1, -inf, 2, negZero), uint8(35), uint8(3), uint8(8|4|1))
 	f.Add(f32(inf, 2, -3, nan, 1e-45), uint8(9), uint8(70), uint8(16|2|8))
 	f.Add(bf(225, 1, 2, 3, 226, -225), uint8(64), uint8(32), uint8(0))
+	f.Add(bf(3, -0.5, 448, nan, 1e-3), uint8(40), uint8(64), uint8(32|8))
+	f.Add(f32(1, -2, inf, 7e-3, negZero), uint8(70), uint8(17), uint8(32|16|8|4))
 	f.Fuzz(func(t *testing.T, data []byte, mb, kb, flags uint8) {
 		m, k := 1+int(mb%72), 1+int(kb%80)
 		in := device.BF16
@@ -78,6 +80,15 @@ func FuzzQuantize(f *testing.F) {
 		got, q := quantBytes(t, s, x, opt)
 		if diff := diffOut(got, refQuantize(vals, m, k, sizes, opt, q.Tiles())); diff != "" {
 			t.Fatalf("%d×%d %v %+v: differs from the reference: %s", m, k, in, opt, diff)
+		}
+		if flags&32 != 0 {
+			topt := opt
+			topt.Transpose = true
+			tg, tq := quantBytes(t, s, x, topt)
+			if diff := diffOut(tg, refQuantize(vals, m, k, sizes, topt, tq.Tiles())); diff != "" {
+				t.Fatalf("%d×%d %v %+v: differs from the reference: %s", m, k, in, topt, diff)
+			}
+			tq.Free()
 		}
 
 		neg := dt.Must(s.Alloc(in, m, k))

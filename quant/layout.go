@@ -61,6 +61,7 @@ func (g geom) check() error {
 
 func (g geom) rowScaleShape() []int { return []int{32 * g.ntiles, g.cp} }
 func (g geom) colScaleShape() []int { return []int{g.ntiles, g.kp} }
+func (g geom) colTShape() []int     { return []int{g.k, blockSize * g.ntiles} }
 
 // rowScaleOff returns the byte offset of rowwise scale (row, block).
 func (g geom) rowScaleOff(swz bool, row, blk int) int {

@@ -15,6 +15,16 @@ type Options struct {
 	Dir     Direction
 	Swizzle bool // scales in the 128×4 tiled layout of block-scaled tensor cores
 
+	// Transpose, with Dir Columnwise or Both, writes the columnwise data transposed, into
+	// MXFP8.ColT [K, 32·T], instead of Col: the K-major operand that Hopper's FP8 GEMMs
+	// read for the weight gradient (contracting over tokens). The scales and the rowwise
+	// data do not change. It needs a Dir with columnwise data.
+	Transpose bool
+
+	// NK says that QuantizeMXFP8Weights' w is stored [G, N, K] (PyTorch Linear layout)
+	// rather than [G, K, N]. Quantize, Alloc and QuantizeInto refuse it.
+	NK bool
+
 	// GroupSizes, if not nil, is an I32[G] tensor on the source's device: the rows of x
 	// are G consecutive groups of these sizes (experts' tokens), and every output is the
 	// concatenation of what Quantize gives on each group alone. Its contents are read on
@@ -33,19 +43,28 @@ type Options struct {
 // scale per 32 elements, rowwise, columnwise or both. All its tensors are on one
 // device. See the package documentation for the layouts.
 type MXFP8 struct {
-	M, K     int
-	Format   Format
-	Mode     ScaleMode // the scale rule of the last quantization into it
-	Dir      Direction
-	Swizzled bool
-	Groups   int // G: the most groups a grouped layout holds (0 without groups)
+	M, K       int
+	Format     Format
+	Mode       ScaleMode // the scale rule of the last quantization into it
+	Dir        Direction
+	Swizzled   bool
+	Transposed bool // the columnwise data is ColT (Options.Transpose), not Col
+	Groups     int  // G: the most groups a grouped layout holds (0 without groups)
 
 	// Row is the rowwise data, Format.DType() [M, K]; RowScale its E8M0 scales,
 	// [32·T, roundup(ceil(K/32), 4)] (T = Tiles()). Nil unless Dir is Rowwise or Both.
 	Row, RowScale *device.Tensor
 	// Col is the columnwise data, Format.DType() [M, K] in the source's element order;
-	// ColScale its E8M0 scales, [T, roundup(K, 128)]. Nil unless Dir is Columnwise or Both.
+	// ColScale its E8M0 scales, [T, roundup(K, 128)], the scale of column k in tile t at
+	// (t, k). Nil unless Dir is Columnwise or Both; Col is nil when Transposed.
 	Col, ColScale *device.Tensor
+	// ColT is the columnwise data transposed (Options.Transpose), Format.DType()
+	// [K, 32·T]: token column p = 32t + i is row i of tile t in the layout's tile order,
+	// so ColT[k][p] is Col[row(p)][k], with ColScale's scale (t, k). Without groups
+	// row(p) = p; with groups, group g's rows start at column 128·P_g,
+	// P_g = Σ_{h<g} ceil(M_h/128). Padding columns (rows past a group's end, padding
+	// tiles) are code 0. Nil unless Transposed.
+	ColT *device.Tensor
 	// Status records the invalid group sizes of quantizations into q with a nil
 	// Options.Status: the first one until Status.Reset, as an error of Status.Check,
 	// the only call that waits for the device. Nil without groups; Free frees it.
@@ -95,7 +114,8 @@ func alloc(fn string, s *device.Stream, m, k int, opt Options, what string) (*MX
 	if err := g.check(); err != nil {
 		return nil, fmt.Errorf("quant: %s: %s: %w", fn, what, err)
 	}
-	q := &MXFP8{M: m, K: k, Format: opt.Format, Mode: opt.Mode, Dir: opt.Dir, Swizzled: opt.Swizzle, Groups: groups, grouped: opt.GroupSizes != nil, g: g}
+	q := &MXFP8{M: m, K: k, Format: opt.Format, Mode: opt.Mode, Dir: opt.Dir, Swizzled: opt.Swizzle, Transposed: opt.Transpose,
+		Groups: groups, grouped: opt.GroupSizes != nil, g: g}
 	ts := device.NewTemps(s)
 	defer ts.Free()
 	if opt.Dir.rows() {
@@ -103,7 +123,11 @@ func alloc(fn string, s *device.Stream, m, k int, opt Options, what string) (*MX
 		q.RowScale = ts.Alloc(device.E8M0, g.rowScaleShape()...)
 	}
 	if opt.Dir.cols() {
-		q.Col = ts.Alloc(opt.Format.DType(), m, k)
+		if opt.Transpose {
+			q.ColT = ts.Alloc(opt.Format.DType(), g.colTShape()...)
+		} else {
+			q.Col = ts.Alloc(opt.Format.DType(), m, k)
+		}
 		q.ColScale = ts.Alloc(device.E8M0, g.colScaleShape()...)
 	}
 	if q.grouped {
@@ -131,7 +155,7 @@ func (q *MXFP8) Free() error {
 	if q == nil {
 		return nil
 	}
-	return errors.Join(device.FreeAll(q.Row, q.RowScale, q.Col, q.ColScale, q.tiles, q.gtab), q.Status.Free())
+	return errors.Join(device.FreeAll(q.Row, q.RowScale, q.Col, q.ColT, q.ColScale, q.tiles, q.gtab), q.Status.Free())
 }
 
 // check returns an error of fn unless q is as Alloc made it (but for Mode and
@@ -141,14 +165,15 @@ func (q *MXFP8) check(fn string, s *device.Stream, use Direction) error {
 	if q == nil {
 		return fmt.Errorf("quant: %s: q is nil", fn)
 	}
-	if q.M != q.g.m || q.K != q.g.k || q.Groups != q.g.groups || !q.Format.valid() || !q.Dir.valid() {
-		return fmt.Errorf("quant: %s: q is %d×%d %v %v with %d groups, allocated as %d×%d with %d: want q as Alloc made it",
-			fn, q.M, q.K, q.Format, q.Dir, q.Groups, q.g.m, q.g.k, q.g.groups)
+	if q.M != q.g.m || q.K != q.g.k || q.Groups != q.g.groups || !q.Format.valid() || !q.Dir.valid() || (q.Transposed && !q.Dir.cols()) {
+		return fmt.Errorf("quant: %s: q is %d×%d %v %v (transposed %v) with %d groups, allocated as %d×%d with %d: want q as Alloc made it",
+			fn, q.M, q.K, q.Format, q.Dir, q.Transposed, q.Groups, q.g.m, q.g.k, q.g.groups)
 	}
 	if err := checkParts(fn, s, q.Dir, ": ",
 		part{"q.Row", q.Row, use.rows(), q.Format.DType(), []int{q.M, q.K}},
 		part{"q.RowScale", q.RowScale, use.rows(), device.E8M0, q.g.rowScaleShape()},
-		part{"q.Col", q.Col, use.cols(), q.Format.DType(), []int{q.M, q.K}},
+		part{"q.Col", q.Col, use.cols() && !q.Transposed, q.Format.DType(), []int{q.M, q.K}},
+		part{"q.ColT", q.ColT, use.cols() && q.Transposed, q.Format.DType(), q.g.colTShape()},
 		part{"q.ColScale", q.ColScale, use.cols(), device.E8M0, q.g.colScaleShape()},
 	); err != nil {
 		return err
@@ -203,8 +228,8 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	if err := q.check(fn, s, q.Dir); err != nil {
 		return err
 	}
-	if (q.Row != nil) != q.Dir.rows() || (q.Col != nil) != q.Dir.cols() {
-		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v", fn, q.Dir)
+	if (q.Row != nil) != q.Dir.rows() || (q.Col != nil) != (q.Dir.cols() && !q.Transposed) || (q.ColT != nil) != (q.Dir.cols() && q.Transposed) {
+		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v (transposed %v)", fn, q.Dir, q.Transposed)
 	}
 	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
 		return err
@@ -214,6 +239,9 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	}
 	if opt.Swizzle != q.Swizzled {
 		return fmt.Errorf("quant: %s: opt.Swizzle is %v, q has Swizzled %v", fn, opt.Swizzle, q.Swizzled)
+	}
+	if opt.Transpose != q.Transposed {
+		return fmt.Errorf("quant: %s: opt.Transpose is %v, q has Transposed %v", fn, opt.Transpose, q.Transposed)
 	}
 	st, err := intoStatus(fn, s, opt.GroupSizes, opt.Status, q.Status, q.grouped, q.Groups, q.M)
 	if err != nil {
@@ -246,6 +274,10 @@ func checkOptions(fn string, s *device.Stream, opt Options) error {
 		return fmt.Errorf("quant: %s: opt.Mode is %v: want RCEIL or FLOOR", fn, opt.Mode)
 	case !opt.Dir.valid():
 		return fmt.Errorf("quant: %s: opt.Dir is %v: want Rowwise, Columnwise or Both", fn, opt.Dir)
+	case opt.Transpose && !opt.Dir.cols():
+		return fmt.Errorf("quant: %s: opt.Transpose is set with opt.Dir %v: it transposes columnwise data, want Columnwise or Both", fn, opt.Dir)
+	case opt.NK:
+		return fmt.Errorf("quant: %s: opt.NK is set: it applies to QuantizeMXFP8Weights only", fn)
 	}
 	if gs := opt.GroupSizes; gs != nil {
 		if err := gs.Check(s, "opt.GroupSizes"); err != nil {
@@ -263,11 +295,12 @@ func checkOptions(fn string, s *device.Stream, opt Options) error {
 	return nil
 }
 
-// Dequantize writes q's rowwise (dir Rowwise) or columnwise (dir Columnwise) values
-// into dst, a BF16 or F32 [M, K] tensor, enqueued on s: element·2^(scale−127) computed
-// exactly in float32, then rounded once to dst's dtype. NaN elements and NaN scales give
-// NaN; rows of a quantization with invalid group sizes are all NaN. dst must not
-// overlap q's tensors.
+// Dequantize writes q's rowwise (dir Rowwise) or columnwise (dir Columnwise: from Col,
+// or from ColT when q is Transposed, back into rows) values into dst, a BF16 or F32
+// [M, K] tensor, enqueued on s: element·2^(scale−127) computed exactly in float32, then
+// rounded once to dst's dtype. NaN elements and NaN scales give NaN; rows of a
+// quantization with invalid group sizes are all NaN. The rows of ColT's columns are
+// those of the tiles of the last quantization into q. dst must not overlap q's tensors.
 func Dequantize(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction) error {
 	const fn = "Dequantize"
 	if s == nil {
@@ -282,13 +315,16 @@ func Dequantize(s *device.Stream, dst *device.Tensor, q *MXFP8, dir Direction) e
 		data, scale = q.Row, q.RowScale
 	case Columnwise:
 		data, scale = q.Col, q.ColScale
+		if q.Transposed {
+			data = q.ColT
+		}
 	default:
 		return fmt.Errorf("quant: %s: dir is %v: want Rowwise or Columnwise", fn, dir)
 	}
-	if data == nil {
+	if (dir == Rowwise && !q.Dir.rows()) || (dir == Columnwise && !q.Dir.cols()) {
 		return fmt.Errorf("quant: %s: dir is %v: q holds %v data only", fn, dir, q.Dir)
 	}
-	if err := q.check(fn, s, dir); err != nil {
+	if err := q.check(fn, s, dir); err != nil { // and data is there
 		return err
 	}
 	if err := checkDst(fn, s, dst, q.M, q.K); err != nil {

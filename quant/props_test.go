@@ -320,25 +320,26 @@ func filled(v float32) []float32 {
 }
 
 // TestInvalidGroups checks that bad group sizes are recorded in q.Status and turn every
-// output into NaN, and that a later valid quantization into the same q recovers.
+// output (Col or ColT) into NaN, and that a later valid quantization into the same q
+// recovers.
 func TestInvalidGroups(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
 		const m, k = 33, 64
 		x := dt.Must(device.FromFloat32(s, device.BF16, testValues(dt.Rand(3), m*k, false), m, k))
-		for _, c := range []struct {
+		for ci, c := range []struct {
 			sizes []int32
 			want  string
-		}{{[]int32{-1, 34}, "negative"}, {[]int32{30, 4}, "sum"}, {[]int32{10, 10, 10}, "sum"}} {
+		}{{[]int32{-1, 34}, "negative"}, {[]int32{30, 4}, "sum"}, {[]int32{10, 10, 10}, "sum"}, {[]int32{-3, 36}, "negative"}} {
 			for _, v := range variants(d) {
 				restore := v.use()
-				opt := Options{Dir: Both, GroupSizes: groupTensor(t, s, c.sizes)}
+				opt := Options{Dir: Both, Transpose: ci >= 2, GroupSizes: groupTensor(t, s, c.sizes)}
 				got, q := quantBytes(t, s, x, opt)
 				restore()
 				if err := q.Status.Check(s); err == nil || !strings.Contains(err.Error(), c.want) {
 					t.Errorf("%s sizes %v: Status.Check() = %v, want an error about %q", v.name, c.sizes, err, c.want)
 				}
-				for name, b := range map[string][]byte{"Row": got.row, "Col": got.col} {
+				for name, b := range map[string][]byte{"Row": got.row, "Col or ColT": got.col} {
 					if i := strings.IndexFunc(string(b), func(r rune) bool { return r != 0x7f }); i >= 0 {
 						t.Errorf("%s sizes %v: %s byte %d is %#x, want 0x7F", v.name, c.sizes, name, i, b[i])
 					}
@@ -358,10 +359,17 @@ func TestInvalidGroups(t *testing.T) {
 						t.Fatalf("%s sizes %v: dequantized element %d is %g, want NaN", v.name, c.sizes, i, f)
 					}
 				}
+				qw := dt.Must(Alloc(s, m, k, opt)) // a fresh q of the same layout
+				poison(t, s, qw)
 				opt.GroupSizes = groupTensor(t, s, []int32{13, 20})
 				dt.NoErr(t, q.Status.Reset(s))
 				dt.NoErr(t, QuantizeInto(s, q, x, opt))
 				dt.NoErr(t, q.Status.Check(s))
+				dt.NoErr(t, QuantizeInto(s, qw, x, opt))
+				if diff := diffOut(outBytes(t, s, q), outBytes(t, s, qw)); diff != "" {
+					t.Errorf("%s sizes %v: valid sizes after invalid ones, against a fresh q: %s", v.name, c.sizes, diff)
+				}
+				qw.Free()
 				y.Free()
 				q.Free()
 			}
@@ -370,31 +378,32 @@ func TestInvalidGroups(t *testing.T) {
 	})
 }
 
-// TestGraphCapture captures a grouped quantization and checks that replays match
-// the direct result: nothing in it waits for the host.
+// TestGraphCapture captures a grouped quantization (plain and transposed) and checks that
+// replays match the direct result: nothing in it waits for the host.
 func TestGraphCapture(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := dt.Must(d.NewStream())
 		defer s.Close()
 		const m, k = 300, 96
 		x := dt.Must(device.FromFloat32(s, device.BF16, testValues(dt.Rand(9), m*k, true), m, k))
-		opt := Options{Dir: Both, Swizzle: true, GroupSizes: groupTensor(t, s, []int32{31, 33, 96, 140})}
-		want, _ := quantBytes(t, s, x, opt)
-		q := dt.Must(Alloc(s, m, k, opt))
-		poison(t, s, q)
-		dt.NoErr(t, s.BeginCapture())
-		dt.NoErr(t, QuantizeInto(s, q, x, opt))
-		g, err := s.EndCapture()
-		dt.NoErr(t, err)
-		defer g.Close()
-		for range 2 {
-			dt.NoErr(t, g.Launch(s))
-			got := refOut{download(t, s, q.Row), download(t, s, q.RowScale), download(t, s, q.Col), download(t, s, q.ColScale)}
-			if diff := diffOut(got, want); diff != "" {
-				t.Fatalf("graph replay: %s", diff)
+		for _, tr := range []bool{false, true} {
+			opt := Options{Dir: Both, Swizzle: !tr, Transpose: tr, GroupSizes: groupTensor(t, s, []int32{31, 33, 96, 140})}
+			want, _ := quantBytes(t, s, x, opt)
+			q := dt.Must(Alloc(s, m, k, opt))
+			poison(t, s, q)
+			dt.NoErr(t, s.BeginCapture())
+			dt.NoErr(t, QuantizeInto(s, q, x, opt))
+			g, err := s.EndCapture()
+			dt.NoErr(t, err)
+			for range 2 {
+				dt.NoErr(t, g.Launch(s))
+				if diff := diffOut(outBytes(t, s, q), want); diff != "" {
+					t.Fatalf("transposed %v: graph replay: %s", tr, diff)
+				}
 			}
+			g.Close()
+			q.Free()
 		}
-		q.Free()
 	})
 }
 

@@ -49,19 +49,30 @@ func download(t testing.TB, s *device.Stream, x *device.Tensor) []byte {
 	return b
 }
 
-// quantBytes quantizes x into poisoned outputs and returns them.
+// quantBytes quantizes x into poisoned outputs and returns them (ColT as col when
+// transposed).
 func quantBytes(t testing.TB, s *device.Stream, x *device.Tensor, opt Options) (refOut, *MXFP8) {
 	t.Helper()
 	q := dt.Must(Alloc(s, x.Dim(0), x.Dim(1), opt))
 	poison(t, s, q)
 	dt.NoErr(t, QuantizeInto(s, q, x, opt))
-	return refOut{download(t, s, q.Row), download(t, s, q.RowScale), download(t, s, q.Col), download(t, s, q.ColScale)}, q
+	return outBytes(t, s, q), q
+}
+
+// outBytes returns q's outputs (ColT as col when q is transposed).
+func outBytes(t testing.TB, s *device.Stream, q *MXFP8) refOut {
+	t.Helper()
+	col := q.Col
+	if q.Transposed {
+		col = q.ColT
+	}
+	return refOut{download(t, s, q.Row), download(t, s, q.RowScale), download(t, s, col), download(t, s, q.ColScale)}
 }
 
 // poison fills q's outputs with 0xFF.
 func poison(t testing.TB, s *device.Stream, q *MXFP8) {
 	t.Helper()
-	for _, x := range []*device.Tensor{q.Row, q.RowScale, q.Col, q.ColScale} {
+	for _, x := range []*device.Tensor{q.Row, q.RowScale, q.Col, q.ColT, q.ColScale} {
 		if x != nil {
 			dt.Poison(t, s, x)
 		}
@@ -155,14 +166,20 @@ var quantCases = []quantCase{
 	{0, 64, []int32{0, 0}, false},
 }
 
-// optionCombos lists every Format, ScaleMode, Direction and Swizzle.
+// optionCombos lists every Format, ScaleMode, Direction, Swizzle and, for columnwise
+// directions, Transpose.
 func optionCombos() []Options {
 	var os []Options
 	for _, f := range []Format{E4M3, E5M2} {
 		for _, m := range []ScaleMode{RCEIL, FLOOR} {
 			for _, d := range []Direction{Rowwise, Columnwise, Both} {
 				for _, swz := range []bool{false, true} {
-					os = append(os, Options{Format: f, Mode: m, Dir: d, Swizzle: swz})
+					for _, tr := range []bool{false, true} {
+						if tr && !d.cols() {
+							continue
+						}
+						os = append(os, Options{Format: f, Mode: m, Dir: d, Swizzle: swz, Transpose: tr})
+					}
 				}
 			}
 		}
@@ -211,7 +228,8 @@ func TestQuantize(t *testing.T) {
 }
 
 // TestQuantizeLargeGPU compares the GPU with the CPU on a bf16 65536/8×7168 tensor in
-// skewed groups, both directions, every kernel variant.
+// skewed groups, both directions (columnwise data plain, swizzled, and transposed),
+// every kernel variant.
 func TestQuantizeLargeGPU(t *testing.T) {
 	g := dt.GPU(t)
 	const m, k = 8192, 7168
@@ -219,8 +237,9 @@ func TestQuantizeLargeGPU(t *testing.T) {
 	vals := testValues(dt.Rand(5), m*k, true)
 	cpu := device.CPU().Stream()
 	for _, grouped := range []bool{false, true} {
-		for _, swz := range []bool{false, true} {
-			opt := Options{Dir: Both, Swizzle: swz}
+		for _, lay := range []struct{ swz, tr bool }{{false, false}, {true, false}, {false, true}} {
+			swz := lay.swz
+			opt := Options{Dir: Both, Swizzle: swz, Transpose: lay.tr}
 			var gs []int32
 			if grouped {
 				gs = sizes
@@ -236,7 +255,7 @@ func TestQuantizeLargeGPU(t *testing.T) {
 				got, q := quantBytes(t, s, xg, opt)
 				restore()
 				if diff := diffOut(got, want); diff != "" {
-					t.Errorf("%s grouped %v swizzled %v: %s", v.name, grouped, swz, diff)
+					t.Errorf("%s grouped %v swizzled %v transposed %v: %s", v.name, grouped, swz, lay.tr, diff)
 				}
 				q.Free()
 			}
@@ -250,14 +269,15 @@ func TestDequantize(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
 		for ci, c := range quantCases {
-			for _, f := range []Format{E4M3, E5M2} {
-				opt := Options{Format: f, Dir: Both, Swizzle: ci%2 == 1, GroupSizes: groupTensor(t, s, c.sizes)}
+			for fi, f := range []Format{E4M3, E5M2} {
+				opt := Options{Format: f, Dir: Both, Swizzle: ci%2 == 1, Transpose: (ci/2+fi)%2 == 1, GroupSizes: groupTensor(t, s, c.sizes)}
 				x, _ := upload(t, s, device.F32, testValues(dt.Rand(uint64(ci)), c.m*c.k, c.specials), c.m, c.k)
 				q := dt.Must(Quantize(s, x, opt))
+				out := outBytes(t, s, q)
 				for _, dir := range []Direction{Rowwise, Columnwise} {
-					data, scale := download(t, s, q.Row), download(t, s, q.RowScale)
+					data, scale := out.row, out.rowScale
 					if dir == Columnwise {
-						data, scale = download(t, s, q.Col), download(t, s, q.ColScale)
+						data, scale = out.col, out.colScale
 					}
 					want := refDequantize(q, data, scale, c.sizes, dir)
 					for _, out := range []device.DType{device.F32, device.BF16} {
@@ -284,9 +304,11 @@ func TestDequantize(t *testing.T) {
 	})
 }
 
-// refDequantize decodes q's data and scales (laid out as refQuantize says) in float64.
+// refDequantize decodes q's data and scales (laid out as refQuantize says, ColT when q is
+// transposed) in float64.
 func refDequantize(q *MXFP8, data, scale []byte, sizes []int32, dir Direction) []float32 {
 	m, k := q.M, q.K
+	ld := 32 * q.Tiles()
 	nbk := (k + 31) / 32
 	cp, kp := 4*((nbk+3)/4), 128*((k+127)/128)
 	out := make([]float32, m*k)
@@ -317,7 +339,11 @@ func refDequantize(q *MXFP8, data, scale []byte, sizes []int32, dir Direction) [
 				default:
 					off = (scol+r/32)*kp + j
 				}
-				out[(row0+r)*k+j] = dec(data[(row0+r)*k+j], scale[off])
+				e := data[(row0+r)*k+j]
+				if dir == Columnwise && q.Transposed {
+					e = data[j*ld+32*scol+r]
+				}
+				out[(row0+r)*k+j] = dec(e, scale[off])
 			}
 		}
 		row0 += mg

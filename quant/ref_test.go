@@ -113,11 +113,13 @@ func refSwizzle(r, c, cols int) int {
 	return tile*512 + (r%32)*16 + ((r%128)/32)*4 + c%4
 }
 
-// refOut is a quantization's outputs as bytes.
+// refOut is a quantization's outputs as bytes; col holds Col, or ColT when transposed.
 type refOut struct{ row, rowScale, col, colScale []byte }
 
-// refQuantize quantizes x (m×k, row-major) with opt's format, mode, direction and
-// swizzle, grouped by sizes (nil: one group), into a layout of ntiles tiles.
+// refQuantize quantizes x (m×k, row-major) with opt's format, mode, direction, swizzle
+// and transposition, grouped by sizes (nil: one group), into a layout of ntiles tiles.
+// Transposed, group g's row r is column 128·P_g + r of ColT [k, 32·ntiles], where
+// 128·P_g counts the rows of the scale tiles of the groups before it.
 func refQuantize(x []float32, m, k int, sizes []int32, opt Options, ntiles int) refOut {
 	f := refFormats[opt.Format]
 	nbk := (k + 31) / 32
@@ -126,8 +128,12 @@ func refQuantize(x []float32, m, k int, sizes []int32, opt Options, ntiles int) 
 	if opt.Dir.rows() {
 		out.row, out.rowScale = make([]byte, m*k), make([]byte, 32*ntiles*cp)
 	}
+	ld := 32 * ntiles // ColT's columns
 	if opt.Dir.cols() {
 		out.col, out.colScale = make([]byte, m*k), make([]byte, ntiles*kp)
+		if opt.Transpose {
+			out.col = make([]byte, k*ld)
+		}
 	}
 	valid := true
 	sum := 0
@@ -202,7 +208,11 @@ func refQuantize(x []float32, m, k int, sizes []int32, opt Options, ntiles int) 
 					}
 					out.colScale[off] = c
 					for i, v := range col {
-						out.col[(row0+32*bi+i)*k+j] = elem(v, c)
+						if opt.Transpose {
+							out.col[j*ld+32*scol+32*bi+i] = elem(v, c)
+						} else {
+							out.col[(row0+32*bi+i)*k+j] = elem(v, c)
+						}
 					}
 				}
 			}
@@ -212,4 +222,44 @@ func refQuantize(x []float32, m, k int, sizes []int32, opt Options, ntiles int) 
 		scol += crow
 	}
 	return out
+}
+
+// refMXWeights quantizes w (g×k×n, or g×n×k with nk) to MXFP8 weights from the rule:
+// KMajor [g, n, k] in 1×32 blocks along k with KScale [g, ceil(k/128), n, 4], NMajor
+// [g, k, n] in blocks along n with NScale [g, ceil(n/128), k, 4], scale slots past the
+// last block 0.
+func refMXWeights(w []float32, g, k, n int, nk bool, f Format, mode ScaleMode) (kmaj, kscale, nmaj, nscale []byte) {
+	at := func(e, i, j int) float32 { // w_e[i][j], i along K, j along N
+		if nk {
+			return w[(e*n+j)*k+i]
+		}
+		return w[(e*k+i)*n+j]
+	}
+	rf := refFormats[f]
+	// quant quantizes the lines of length ln of g·nl lines (value at(e, line, p) for
+	// p < ln) into codes [g, nl, ln] and scales [g, ceil(ln/128), nl, 4].
+	quant := func(nl, ln int, at func(e, line, p int) float32) ([]byte, []byte) {
+		codes, scales := make([]byte, g*nl*ln), make([]byte, g*((ln+127)/128)*nl*4)
+		for e := range g {
+			for l := range nl {
+				for b := 0; 32*b < ln; b++ {
+					a := float32(0)
+					for p := 32 * b; p < min(32*b+32, ln); p++ {
+						if v := at(e, l, p); !math.IsNaN(float64(v)) && float32(math.Abs(float64(v))) > a {
+							a = float32(math.Abs(float64(v)))
+						}
+					}
+					c := refCode(a, f, mode)
+					scales[((e*((ln+127)/128)+b/4)*nl+l)*4+b%4] = c
+					for p := 32 * b; p < min(32*b+32, ln); p++ {
+						codes[(e*nl+l)*ln+p] = rf.encode(float64(at(e, l, p)) * math.Pow(2, float64(127-int(c))))
+					}
+				}
+			}
+		}
+		return codes, scales
+	}
+	kmaj, kscale = quant(n, k, func(e, l, p int) float32 { return at(e, p, l) })
+	nmaj, nscale = quant(k, n, func(e, l, p int) float32 { return at(e, l, p) })
+	return kmaj, kscale, nmaj, nscale
 }

@@ -1,7 +1,9 @@
 // MXFP8 quantization kernels of package quant: rowwise (1x32) and columnwise (32x1)
-// blocks from one read of a bf16 or f32 [M, K] source, grouped or not, and the inverse.
-// Every kernel is bit-identical to the Go reference in quant/cpu.go; quant/doc.go gives
-// the rules and layouts, quant/layout.go the tiles these kernels walk.
+// blocks from one read of a bf16 or f32 [M, K] source, grouped or not, the columnwise
+// data row-major (Col) or transposed (ColT [K, 32*ntiles]); expert weights in both
+// orientations from one read; and the inverses. Every kernel is bit-identical to the Go
+// reference in quant/cpu.go and quant/mxweights_cpu.go; quant/doc.go gives the rules and
+// layouts, quant/layout.go the tiles these kernels walk.
 //
 // Work is cut into tiles of 32 rows (tile t: rowwise scale rows [32t, 32t+32) and
 // columnwise scale row t) by 256 columns; one kernel block per (tile, column tile),
@@ -160,7 +162,8 @@ __device__ __forceinline__ u64 dl_mx_cs_off(int swz, const DlMxTile &d, int t, u
     return swz ? (u64)d.p4 * kp + dl_mx_swz(gj, (u64)(t - d.p4), (u64)d.cg) : (u64)t * kp + gj;
 }
 
-// Eight consecutive source elements of one row: loads and widening to float.
+// Eight consecutive source elements of one row: loads (16-byte, or element by element
+// for sources that are not 16-byte aligned), widening to float, and element e of them.
 template <typename In>
 struct DlMxIn;
 
@@ -173,17 +176,27 @@ struct DlMxIn<u16> {
     {
         v.a = __ldcs((const uint4 *)(x + off));
     }
+    static __device__ __forceinline__ void load_scalar(V &v, const u16 *x, u64 off)
+    {
+        u32 h[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            h[e] = (u32)x[off + e];
+        }
+        v.a = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+    }
     static __device__ __forceinline__ void zero(V &v) { v.a = make_uint4(0u, 0u, 0u, 0u); }
+    static __device__ __forceinline__ float at(const V &v, int e)
+    {
+        const u32 h = e < 2 ? v.a.x : (e < 4 ? v.a.y : (e < 6 ? v.a.z : v.a.w));
+        return __uint_as_float((e & 1) ? (h & 0xffff0000u) : (h << 16));
+    }
     static __device__ __forceinline__ void unpack(const V &v, float f[8])
     {
-        f[0] = __uint_as_float(v.a.x << 16);
-        f[1] = __uint_as_float(v.a.x & 0xffff0000u);
-        f[2] = __uint_as_float(v.a.y << 16);
-        f[3] = __uint_as_float(v.a.y & 0xffff0000u);
-        f[4] = __uint_as_float(v.a.z << 16);
-        f[5] = __uint_as_float(v.a.z & 0xffff0000u);
-        f[6] = __uint_as_float(v.a.w << 16);
-        f[7] = __uint_as_float(v.a.w & 0xffff0000u);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            f[e] = at(v, e);
+        }
     }
 };
 
@@ -197,21 +210,28 @@ struct DlMxIn<float> {
         v.a = __ldcs((const float4 *)(x + off));
         v.b = __ldcs((const float4 *)(x + off + 4));
     }
+    static __device__ __forceinline__ void load_scalar(V &v, const float *x, u64 off)
+    {
+        v.a = make_float4(x[off], x[off + 1], x[off + 2], x[off + 3]);
+        v.b = make_float4(x[off + 4], x[off + 5], x[off + 6], x[off + 7]);
+    }
     static __device__ __forceinline__ void zero(V &v)
     {
         v.a = make_float4(0.f, 0.f, 0.f, 0.f);
         v.b = v.a;
     }
+    static __device__ __forceinline__ float at(const V &v, int e)
+    {
+        const float4 q = e < 4 ? v.a : v.b;
+        const int k = e & 3;
+        return k == 0 ? q.x : (k == 1 ? q.y : (k == 2 ? q.z : q.w));
+    }
     static __device__ __forceinline__ void unpack(const V &v, float f[8])
     {
-        f[0] = v.a.x;
-        f[1] = v.a.y;
-        f[2] = v.a.z;
-        f[3] = v.a.w;
-        f[4] = v.b.x;
-        f[5] = v.b.y;
-        f[6] = v.b.z;
-        f[7] = v.b.w;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            f[e] = at(v, e);
+        }
     }
 };
 
@@ -220,12 +240,148 @@ __device__ __forceinline__ float dl_mx_ld(const float *x, u64 i) { return x[i]; 
 
 #define DL_MX_FAST_THREADS 128
 
-// The fast kernel: K % 32 == 0, x 16-byte aligned, rq and cq 8-byte aligned. 128
-// threads; warp w, lane l holds columns [c0 + 8l, c0 + 8l + 8) of tile rows w + 4i,
-// i = 0..7, all loaded (16 bytes per row) before any use. Rowwise: a 32-column block is
-// 4 lanes, reduced with two shuffles. Columnwise: per-warp maxima over 8 rows meet in
-// shared memory, where each thread finishes two columns.
-template <typename In, int FMT, bool ROW, bool COL>
+// The pieces of the 32x256 tile kernels (the fast quantization and the weights): 128
+// threads, warp w and lane l holding columns [8l, 8l + 8) of the tile's rows
+// dl_mx_trow(w, i), i = 0..7, as DlMxIn values.
+
+// dl_mx_trow is the tile row of a thread's i-th row: w + 4i (row-major outputs only), or
+// with TR 8w + i, so that a warp's rows are contiguous in the transposed outputs.
+template <bool TR>
+__device__ __forceinline__ int dl_mx_trow(int warp, int i)
+{
+    return TR ? 8 * warp + i : warp + 4 * i;
+}
+
+// dl_mx_rowblock returns the codes of f[0..7], eight consecutive values of a rowwise
+// block that four consecutive lanes hold, and sets code to the block's scale code: the
+// largest magnitude meets in two shuffles. Every lane of the warp calls it.
+template <int FMT>
+__device__ __forceinline__ uint2 dl_mx_rowblock(const float f[8], float rcp, int emax, int floor_mode, u32 &code)
+{
+    float a = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        a = fmaxf(a, fabsf(f[e]));
+    }
+    a = fmaxf(a, __shfl_xor_sync(DL_FULL, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(DL_FULL, a, 2));
+    code = dl_mx_code(a, rcp, emax, floor_mode);
+    const float s = dl_mx_inv(code);
+    const float sv[8] = {s, s, s, s, s, s, s, s};
+    return dl_mx_cvt8<FMT>(f, sv);
+}
+
+// dl_mx_colscales finishes the 256 columnwise blocks of a tile whose rows the threads
+// hold in v (missing values as zeros): per-warp maxima over 8 rows meet in shared
+// memory, where thread j finishes columns j and j + 128 and calls put(column, code).
+// After a barrier sv[e] is the inverse scale of the thread's column 8l + e.
+template <typename In, typename Put>
+__device__ __forceinline__ void dl_mx_colscales(const typename DlMxIn<In>::V v[8], float sv[8], float rcp, int emax,
+                                                int floor_mode, Put put)
+{
+    typedef DlMxIn<In> L;
+    __shared__ __align__(16) float part[4][256];
+    __shared__ __align__(16) float inv[256];
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    float m[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        m[e] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float f[8];
+        L::unpack(v[i], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            m[e] = fmaxf(m[e], fabsf(f[e]));
+        }
+    }
+    *(float4 *)&part[warp][lane * 8] = make_float4(m[0], m[1], m[2], m[3]);
+    *(float4 *)&part[warp][lane * 8 + 4] = make_float4(m[4], m[5], m[6], m[7]);
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int j = (int)threadIdx.x + 128 * h;
+        const float a = fmaxf(fmaxf(part[0][j], part[1][j]), fmaxf(part[2][j], part[3][j]));
+        const u32 c = dl_mx_code(a, rcp, emax, floor_mode);
+        inv[j] = dl_mx_inv(c);
+        put(j, c);
+    }
+    __syncthreads();
+    const float4 s0 = *(const float4 *)&inv[lane * 8];
+    const float4 s1 = *(const float4 *)&inv[lane * 8 + 4];
+    sv[0] = s0.x;
+    sv[1] = s0.y;
+    sv[2] = s0.z;
+    sv[3] = s0.w;
+    sv[4] = s1.x;
+    sv[5] = s1.y;
+    sv[6] = s1.z;
+    sv[7] = s1.w;
+}
+
+// DlMxTr is a 32x256 tile of codes transposed, 256 rows (the tile's columns) of 32 bytes
+// (its rows), staged in shared memory so that the transposed outputs leave in whole
+// 32-byte rows. Four rows share a 128-byte line; 8-byte chunk c of row k sits at chunk
+// (4(k % 4) + c) ^ ((k / 8) % 16) of the line, so that a warp's puts (rows 8l + e, chunk
+// w) hit 16 distinct chunks, and 16-byte gets of chunks (2h, 2h + 1) find them in the
+// pair (2(k % 4) + h) ^ ((k / 16) % 8), swapped when k / 8 is odd.
+struct DlMxTr {
+    __align__(16) u8 b[64][128];
+    __device__ __forceinline__ void put(int k, int c, uint2 o)
+    {
+        *(uint2 *)&b[k >> 2][8 * ((4 * (k & 3) + c) ^ ((k >> 3) & 15))] = o;
+    }
+    __device__ __forceinline__ uint4 get16(int k, int h) const
+    {
+        const uint4 v = *(const uint4 *)&b[k >> 2][16 * ((2 * (k & 3) + h) ^ ((k >> 4) & 7))];
+        return ((k >> 3) & 1) ? make_uint4(v.z, v.w, v.x, v.y) : v;
+    }
+};
+
+// dl_mx_tr_put puts the transposed codes of the thread's columns into tr: column 8l + e,
+// rows 8w..8w + 7, the elements f*sv[e] (the thread's rows must be dl_mx_trow<true>).
+template <typename In, int FMT>
+__device__ __forceinline__ void dl_mx_tr_put(DlMxTr &tr, const typename DlMxIn<In>::V v[8], const float sv[8])
+{
+    typedef DlMxIn<In> L;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            f[i] = L::at(v[i], e);
+        }
+        const float s[8] = {sv[e], sv[e], sv[e], sv[e], sv[e], sv[e], sv[e], sv[e]};
+        tr.put(8 * lane + e, warp, dl_mx_cvt8<FMT>(f, s));
+    }
+}
+
+// dl_mx_tr_store writes the tile's transposed rows k < nk to out + k*ld, their first nb
+// bytes (16 or 32; out and ld multiples of 16): from tr, or, with fill, the 32-bit word
+// fill repeated. Each thread stores four 16-byte pieces, so a warp writes 16 whole rows.
+__device__ __forceinline__ void dl_mx_tr_store(const DlMxTr *tr, u8 *out, u64 ld, int nk, int nb, bool fill, u32 word)
+{
+#pragma unroll
+    for (int rep = 0; rep < 4; rep++) {
+        const int idx = (int)threadIdx.x + DL_MX_FAST_THREADS * rep;
+        const int k = idx >> 1, h = idx & 1;
+        if (k < nk && 16 * h < nb) {
+            __stcs((uint4 *)(out + (u64)k * ld + 16u * (u64)h), fill ? make_uint4(word, word, word, word) : tr->get16(k, h));
+        }
+    }
+}
+
+// The fast kernel: K % 32 == 0, x 16-byte aligned, rq and cq 8-byte aligned (with TR,
+// cq is ColT [K, 32*ntiles], 16-byte aligned). 128 threads; warp w, lane l holds columns
+// [c0 + 8l, c0 + 8l + 8) of tile rows dl_mx_trow<TR>(w, i), i = 0..7, all loaded (16
+// bytes per row) before any use. Rowwise: a 32-column block is 4 lanes, reduced with two
+// shuffles. Columnwise: dl_mx_colscales, then the elements leave row-major (8 bytes per
+// thread and row) or, with TR, transposed through shared memory into ColT's 32-byte
+// pieces [32t, 32t + 32) of rows c0..c0 + 255.
+template <typename In, int FMT, bool ROW, bool COL, bool TR>
 __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restrict__ rq, u8 *__restrict__ rs,
                                            u8 *__restrict__ cq, u8 *__restrict__ cs, const int4 *__restrict__ tiles,
                                            int M, int K, int ntiles, int ncolt, int cp, int kp, float rcp, int emax,
@@ -235,8 +391,15 @@ __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restr
     const int t = (int)(blockIdx.x / (u32)ncolt);
     const int ct = (int)blockIdx.x - t * ncolt;
     const DlMxTile d = dl_mx_tile(tiles, t, M, ntiles);
+    const u64 ldt = 32u * (u64)ntiles;
+    u8 *colt = TR ? cq + (u64)(ct * 256) * ldt + 32u * (u64)t : cq;
     if (tiles != 0 && d.nrows == 0) {
-        return; // a padding tile of a grouped layout: its scales were zeroed before the launch
+        // A padding tile of a grouped layout: its scales were zeroed before the launch,
+        // its ColT columns are zeroed here.
+        if (TR) {
+            dl_mx_tr_store(0, colt, ldt, K - ct * 256, 32, true, 0u);
+        }
+        return;
     }
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     const int col = ct * 256 + lane * 8;
@@ -245,7 +408,7 @@ __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restr
     typename L::V v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int r = warp + 4 * i;
+        const int r = dl_mx_trow<TR>(warp, i);
         if (cv && r < d.nrows) {
             L::load(v[i], x, (u64)(d.row0 + r) * (u64)K + (u64)col);
         } else {
@@ -256,22 +419,14 @@ __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restr
     if constexpr (ROW) {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int r = warp + 4 * i;
+            const int r = dl_mx_trow<TR>(warp, i);
             float f[8];
             L::unpack(v[i], f);
-            float a = 0.f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                a = fmaxf(a, fabsf(f[e]));
-            }
-            a = fmaxf(a, __shfl_xor_sync(DL_FULL, a, 1));
-            a = fmaxf(a, __shfl_xor_sync(DL_FULL, a, 2));
-            const u32 c = dl_mx_code(a, rcp, emax, floor_mode);
+            u32 c;
+            const uint2 o = dl_mx_rowblock<FMT>(f, rcp, emax, floor_mode, c);
             const bool rv = r < d.nrows;
             if (rv && cv) {
-                const float s = dl_mx_inv(c);
-                const float sv[8] = {s, s, s, s, s, s, s, s};
-                __stcs((uint2 *)(rq + (u64)(d.row0 + r) * (u64)K + (u64)col), dl_mx_cvt8<FMT>(f, sv));
+                __stcs((uint2 *)(rq + (u64)(d.row0 + r) * (u64)K + (u64)col), o);
             } else if (d.nrows < 0 && cv && d.row0 + r < M) {
                 *(uint2 *)(rq + (u64)(d.row0 + r) * (u64)K + (u64)col) = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
             }
@@ -286,74 +441,78 @@ __device__ __forceinline__ void dl_mx_fast(const In *__restrict__ x, u8 *__restr
     }
 
     if constexpr (COL) {
-        __shared__ __align__(16) float part[4][256];
-        __shared__ __align__(16) float inv[256];
-        float m[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            m[e] = 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float f[8];
-            L::unpack(v[i], f);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                m[e] = fmaxf(m[e], fabsf(f[e]));
-            }
-        }
-        *(float4 *)&part[warp][lane * 8] = make_float4(m[0], m[1], m[2], m[3]);
-        *(float4 *)&part[warp][lane * 8 + 4] = make_float4(m[4], m[5], m[6], m[7]);
-        __syncthreads();
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int j = (int)threadIdx.x + 128 * h;
-            const float a = fmaxf(fmaxf(part[0][j], part[1][j]), fmaxf(part[2][j], part[3][j]));
-            const u32 c = dl_mx_code(a, rcp, emax, floor_mode);
-            inv[j] = dl_mx_inv(c);
+        float sv[8];
+        dl_mx_colscales<In>(v, sv, rcp, emax, floor_mode, [&](int j, u32 c) {
             const int gj = ct * 256 + j;
             if (gj < kp) {
                 cs[dl_mx_cs_off(swz, d, t, (u64)gj, (u64)kp)] = (u8)(d.nrows < 0 ? 0xffu : (gj < K && d.nrows > 0 ? c : 0u));
             }
-        }
-        __syncthreads();
-        const float4 s0 = *(const float4 *)&inv[lane * 8];
-        const float4 s1 = *(const float4 *)&inv[lane * 8 + 4];
-        const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+        });
+        if constexpr (TR) {
+            __shared__ DlMxTr tr;
+            if (d.nrows >= 0) { // d.nrows is the block's: the barrier is reached by all or none
+                dl_mx_tr_put<In, FMT>(tr, v, sv);
+                __syncthreads();
+            }
+            dl_mx_tr_store(&tr, colt, ldt, K - ct * 256, 32, d.nrows < 0, 0x7f7f7f7fu);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int r = warp + 4 * i;
-            if (r < d.nrows && cv) {
-                float f[8];
-                L::unpack(v[i], f);
-                __stcs((uint2 *)(cq + (u64)(d.row0 + r) * (u64)K + (u64)col), dl_mx_cvt8<FMT>(f, sv));
-            } else if (d.nrows < 0 && cv && d.row0 + r < M) {
-                *(uint2 *)(cq + (u64)(d.row0 + r) * (u64)K + (u64)col) = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+            for (int i = 0; i < 8; i++) {
+                const int r = dl_mx_trow<TR>(warp, i);
+                if (r < d.nrows && cv) {
+                    float f[8];
+                    L::unpack(v[i], f);
+                    __stcs((uint2 *)(cq + (u64)(d.row0 + r) * (u64)K + (u64)col), dl_mx_cvt8<FMT>(f, sv));
+                } else if (d.nrows < 0 && cv && d.row0 + r < M) {
+                    *(uint2 *)(cq + (u64)(d.row0 + r) * (u64)K + (u64)col) = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+                }
             }
         }
     }
 }
 
+// dl_mx_put32 stores the 32 codes w[0..7] (code i in byte i % 4 of w[i / 4]) at p: two
+// 16-byte stores where p is 16-byte aligned, else byte by byte.
+__device__ __forceinline__ void dl_mx_put32(u8 *p, const u32 w[8])
+{
+    if (((unsigned long long)p & 15u) == 0u) {
+        __stcs((uint4 *)p, make_uint4(w[0], w[1], w[2], w[3]));
+        __stcs((uint4 *)(p + 16), make_uint4(w[4], w[5], w[6], w[7]));
+        return;
+    }
+    for (int i = 0; i < 32; i++) {
+        p[i] = (u8)(w[i >> 2] >> (8 * (i & 3)));
+    }
+}
+
 // The general kernel: any K and alignment. 256 threads, one column each, the tile's
 // rows staged in shared memory; a rowwise block is one warp (column tiles start at
-// multiples of 256).
+// multiples of 256). With tr, cq is ColT [K, 32*ntiles] and each thread writes its
+// column's 32 codes of the tile at once, ColT[gj][32t .. 32t + 32).
 template <typename In, int FMT>
 __device__ __forceinline__ void dl_mx_general(const In *__restrict__ x, u8 *__restrict__ rq, u8 *__restrict__ rs,
                                               u8 *__restrict__ cq, u8 *__restrict__ cs, const int4 *__restrict__ tiles,
                                               int M, int K, int ntiles, int ncolt, int cp, int kp, float rcp, int emax,
-                                              int floor_mode, int swz, int dorow, int docol)
+                                              int floor_mode, int swz, int dorow, int docol, int tr)
 {
     __shared__ float v[32][256];
     const int t = (int)(blockIdx.x / (u32)ncolt);
     const int ct = (int)blockIdx.x - t * ncolt;
     const DlMxTile d = dl_mx_tile(tiles, t, M, ntiles);
-    if (tiles != 0 && d.nrows == 0) {
-        return; // a padding tile of a grouped layout: its scales were zeroed before the launch
-    }
     const int j = (int)threadIdx.x;
     const int lane = j & 31;
     const int gj = ct * 256 + j;
     const bool cv = gj < K;
+    u8 *colt = cq + (u64)gj * 32u * (u64)ntiles + 32u * (u64)t;
+    if (tiles != 0 && d.nrows == 0) {
+        // A padding tile of a grouped layout: its scales were zeroed before the launch,
+        // its ColT columns are zeroed here.
+        if (docol && tr && cv) {
+            const u32 z[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+            dl_mx_put32(colt, z);
+        }
+        return;
+    }
     for (int r = 0; r < 32; r++) {
         v[r][j] = (cv && r < d.nrows) ? dl_mx_ld(x, (u64)(d.row0 + r) * (u64)K + (u64)gj) : 0.f;
     }
@@ -384,6 +543,19 @@ __device__ __forceinline__ void dl_mx_general(const In *__restrict__ x, u8 *__re
         if (gj < kp) {
             cs[dl_mx_cs_off(swz, d, t, (u64)gj, (u64)kp)] = (u8)(d.nrows < 0 ? 0xffu : (cv && d.nrows > 0 ? c : 0u));
         }
+        if (tr) {
+            if (cv) { // rows past d.nrows hold zeros: code 0
+                u32 w[8];
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    w[q] = d.nrows < 0 ? 0x7f7f7f7fu
+                                       : dl_mx_cvt2<FMT>(v[4 * q][j] * s, v[4 * q + 1][j] * s) |
+                                             dl_mx_cvt2<FMT>(v[4 * q + 2][j] * s, v[4 * q + 3][j] * s) << 16;
+                }
+                dl_mx_put32(colt, w);
+            }
+            return;
+        }
         for (int r = 0; r < 32; r++) {
             if (cv && r < d.nrows) {
                 cq[(u64)(d.row0 + r) * (u64)K + (u64)gj] = (u8)dl_mx_cvt2<FMT>(v[r][j] * s, 0.f);
@@ -403,11 +575,12 @@ __device__ __forceinline__ float dl_mx_dec(u8 c)
 __device__ __forceinline__ void dl_mx_st(u16 *y, u64 i, float v) { y[i] = dl_f32_to_bf16(v); }
 __device__ __forceinline__ void dl_mx_st(float *y, u64 i, float v) { y[i] = v; }
 
-// Dequantization: 256 threads, one column each, the rows of one tile.
+// Dequantization: 256 threads, one column each, the rows of one tile; with tr (col
+// only) q is ColT [K, 32*ntiles], the tile's codes of column gj at ColT[gj][32t + r].
 template <typename Out, int FMT>
 __device__ __forceinline__ void dl_mx_dequant(Out *__restrict__ y, const u8 *__restrict__ q, const u8 *__restrict__ sc,
                                               const int4 *__restrict__ tiles, int M, int K, int ntiles, int ncolt,
-                                              int cp, int kp, int swz, int col)
+                                              int cp, int kp, int swz, int col, int tr)
 {
     const int t = (int)(blockIdx.x / (u32)ncolt);
     const int ct = (int)blockIdx.x - t * ncolt;
@@ -429,7 +602,8 @@ __device__ __forceinline__ void dl_mx_dequant(Out *__restrict__ y, const u8 *__r
     for (int r = 0; r < d.nrows; r++) {
         const u64 i = (u64)(d.row0 + r) * (u64)K + (u64)gj;
         const float s = col ? cscale : dl_e8m0_to_f32(sc[dl_mx_rs_off(swz, (u64)(32 * t + r), (u64)(gj >> 5), (u64)cp)]);
-        float v = dl_mx_dec<FMT>(q[i]) * s;
+        const u8 e = tr ? q[(u64)gj * 32u * (u64)ntiles + 32u * (u64)t + (u64)r] : q[i];
+        float v = dl_mx_dec<FMT>(e) * s;
         if (v != v) {
             v = __uint_as_float(DL_NAN_F32);
         }
@@ -532,19 +706,23 @@ extern "C" __global__ void __launch_bounds__(1024) dl_mx_groups(const int *__res
     }
 }
 
-#define DL_MX_FAST_KERNEL(NAME, IN, FMT, ROW, COL, MINB)                                                              \
+#define DL_MX_FAST_KERNEL(NAME, IN, FMT, ROW, COL, TR, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(DL_MX_FAST_THREADS, MINB)                                             \
         NAME(const IN *x, u8 *rq, u8 *rs, u8 *cq, u8 *cs, const int4 *tiles, int M, int K, int ntiles, int ncolt,     \
              int cp, int kp, float rcp, int emax, int floor_mode, int swz)                                             \
     {                                                                                                                  \
-        dl_mx_fast<IN, FMT, ROW, COL>(x, rq, rs, cq, cs, tiles, M, K, ntiles, ncolt, cp, kp, rcp, emax, floor_mode,   \
-                                      swz);                                                                            \
+        dl_mx_fast<IN, FMT, ROW, COL, TR>(x, rq, rs, cq, cs, tiles, M, K, ntiles, ncolt, cp, kp, rcp, emax,           \
+                                          floor_mode, swz);                                                            \
     }
 
+// The fast kernels of a source dtype and format: rowwise, columnwise (Col), both, and
+// the columnwise data transposed (ColT) alone or with the rowwise.
 #define DL_MX_FAST_DIRS(IN, INAME, FMT, FNAME, MINB)                                                                  \
-    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_row, IN, FMT, true, false, MINB)                                     \
-    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_col, IN, FMT, false, true, MINB)                                     \
-    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_both, IN, FMT, true, true, MINB)
+    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_row, IN, FMT, true, false, false, MINB)                              \
+    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_col, IN, FMT, false, true, false, MINB)                              \
+    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_both, IN, FMT, true, true, false, MINB)                              \
+    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_colt, IN, FMT, false, true, true, MINB)                              \
+    DL_MX_FAST_KERNEL(dl_mxq_##INAME##_##FNAME##_botht, IN, FMT, true, true, true, MINB)
 
 DL_MX_FAST_DIRS(u16, bf16, DL_MX_E4M3, e4m3, 6)
 DL_MX_FAST_DIRS(u16, bf16, DL_MX_E5M2, e5m2, 6)
@@ -555,10 +733,10 @@ DL_MX_FAST_DIRS(float, f32, DL_MX_E5M2, e5m2, 4)
     extern "C" __global__ void __launch_bounds__(256)                                                                  \
         dl_mxq_gen_##INAME##_##FNAME(const IN *x, u8 *rq, u8 *rs, u8 *cq, u8 *cs, const int4 *tiles, int M, int K,    \
                                      int ntiles, int ncolt, int cp, int kp, float rcp, int emax, int floor_mode,      \
-                                     int swz, int dorow, int docol)                                                   \
+                                     int swz, int dorow, int docol, int tr)                                           \
     {                                                                                                                  \
         dl_mx_general<IN, FMT>(x, rq, rs, cq, cs, tiles, M, K, ntiles, ncolt, cp, kp, rcp, emax, floor_mode, swz,     \
-                               dorow, docol);                                                                          \
+                               dorow, docol, tr);                                                                      \
     }
 
 DL_MX_GENERAL_KERNEL(u16, bf16, DL_MX_E4M3, e4m3)
@@ -569,12 +747,187 @@ DL_MX_GENERAL_KERNEL(float, f32, DL_MX_E5M2, e5m2)
 #define DL_MX_DEQUANT_KERNEL(OUT, ONAME, FMT, FNAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                                                  \
         dl_mxdq_##ONAME##_##FNAME(OUT *y, const u8 *q, const u8 *sc, const int4 *tiles, int M, int K, int ntiles,     \
-                                  int ncolt, int cp, int kp, int swz, int col)                                         \
+                                  int ncolt, int cp, int kp, int swz, int col, int tr)                                 \
     {                                                                                                                  \
-        dl_mx_dequant<OUT, FMT>(y, q, sc, tiles, M, K, ntiles, ncolt, cp, kp, swz, col);                               \
+        dl_mx_dequant<OUT, FMT>(y, q, sc, tiles, M, K, ntiles, ncolt, cp, kp, swz, col, tr);                           \
     }
 
 DL_MX_DEQUANT_KERNEL(u16, bf16, DL_MX_E4M3, e4m3)
 DL_MX_DEQUANT_KERNEL(u16, bf16, DL_MX_E5M2, e5m2)
 DL_MX_DEQUANT_KERNEL(float, f32, DL_MX_E4M3, e4m3)
 DL_MX_DEQUANT_KERNEL(float, f32, DL_MX_E5M2, e5m2)
+
+// Expert weights in both orientations (quant/mxweights.go): w_g is R x C in memory (R = K,
+// C = N for [G, K, N] weights; R = N, C = K for [G, N, K]), R and C multiples of 16.
+// direct [G, R, C] holds 1x32 blocks along C, their scale of block b of row r at
+// ds[g][b / 4][r][b % 4] ([G, ceil(C/128), R, 4]); trans [G, C, R] holds w_g transposed,
+// 1x32 blocks along R, the scale of block b of column c at ts[g][b / 4][c][b % 4]
+// ([G, ceil(R/128), C, 4]). Scale slots past the last block of a 128 are 0. Quant's
+// mxwArgs mirrors DlMxWArgs.
+struct DlMxWArgs {
+    const void *w;
+    u8 *direct, *ds, *trans, *ts;
+    int R, C, nrt, nct, rb, cb;
+    float rcp;
+    int emax, floor_mode;
+};
+
+// One 32x256 tile of w_g (blockIdx.x = (g * nrt + rt) * nct + ct), 128 threads holding
+// rows dl_mx_trow<true>: rowwise blocks as the fast kernel's (direct, row-major, 8 bytes
+// per thread and row; their scales gathered in shared memory and stored as the 4-byte
+// slots of two 128-byte runs), columnwise ones by dl_mx_colscales (one scale byte per
+// column) and the transposed tile through shared memory into trans, 32 (or, for a last
+// tile of 16 rows, 16) bytes per column. VEC: w 16-byte aligned; else element loads.
+template <typename In, int FMT, bool VEC>
+__device__ __forceinline__ void dl_mx_weights(const DlMxWArgs &a)
+{
+    typedef DlMxIn<In> L;
+    __shared__ u32 dsc[2][32];
+    __shared__ DlMxTr tr;
+    const int ct = (int)(blockIdx.x % (u32)a.nct);
+    const int gr = (int)(blockIdx.x / (u32)a.nct);
+    const int rt = gr % a.nrt, g = gr / a.nrt;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    const int col = ct * 256 + lane * 8;
+    const bool cv = col < a.C;
+    const int nr = min(32, a.R - 32 * rt);
+    const u64 base = (u64)g * (u64)a.R * (u64)a.C;
+    const In *w = (const In *)a.w + base + (u64)(32 * rt) * (u64)a.C;
+
+    typename L::V v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = dl_mx_trow<true>(warp, i);
+        if (cv && r < nr) {
+            if (VEC) {
+                L::load(v[i], w, (u64)r * (u64)a.C + (u64)col);
+            } else {
+                L::load_scalar(v[i], w, (u64)r * (u64)a.C + (u64)col);
+            }
+        } else {
+            L::zero(v[i]);
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = dl_mx_trow<true>(warp, i);
+        float f[8];
+        L::unpack(v[i], f);
+        u32 c;
+        const uint2 o = dl_mx_rowblock<FMT>(f, a.rcp, a.emax, a.floor_mode, c);
+        if (r < nr && cv) {
+            __stcs((uint2 *)(a.direct + base + (u64)(32 * rt + r) * (u64)a.C + (u64)col), o);
+        }
+        if ((lane & 3) == 0) { // block 8ct + lane/4: slot (lane/4) % 4 of run lane/16
+            ((u8 *)dsc)[128 * (lane >> 4) + 4 * r + ((lane >> 2) & 3)] = (u8)(r < nr && cv ? c : 0u);
+        }
+    }
+
+    float sv[8];
+    dl_mx_colscales<In>(v, sv, a.rcp, a.emax, a.floor_mode, [&](int j, u32 c) {
+        const int cc = ct * 256 + j;
+        if (cc < a.C) {
+            u8 *p = a.ts + (((u64)g * (u64)a.rb + (u64)(rt >> 2)) * (u64)a.C + (u64)cc) * 4u;
+            p[rt & 3] = (u8)c;
+            if (rt == a.nrt - 1) { // the slots of blocks past R in the last 128 rows
+                for (int s = (rt & 3) + 1; s < 4; s++) {
+                    p[s] = 0u;
+                }
+            }
+        }
+    });
+    // dl_mx_colscales' barriers made dsc complete.
+    if (threadIdx.x < 64) {
+        const int h = (int)(threadIdx.x >> 5), r = (int)(threadIdx.x & 31u);
+        if (2 * ct + h < a.cb && r < nr) {
+            ((u32 *)a.ds)[((u64)g * (u64)a.cb + (u64)(2 * ct + h)) * (u64)a.R + (u64)(32 * rt + r)] = dsc[h][r];
+        }
+    }
+    dl_mx_tr_put<In, FMT>(tr, v, sv);
+    __syncthreads();
+    dl_mx_tr_store(&tr, a.trans + base + (u64)(ct * 256) * (u64)a.R + (u64)(32 * rt), (u64)a.R, a.C - ct * 256, nr > 16 ? 32 : 16,
+                   false, 0u);
+}
+
+// The arguments of the weights' dequantization, quant's mxwDequantArgs: y [G, K, N] from
+// q and its scales sc, KMajor [G, N, K] and KScale [G, ceil(K/128), N, 4] (kmajor) or
+// NMajor [G, K, N] and NScale [G, ceil(N/128), K, 4].
+struct DlMxWDqArgs {
+    void *y;
+    const u8 *q, *sc;
+    int K, N, nkt, nnt, kmajor;
+};
+
+// Dequantization of a 32x32 tile of y_g (blockIdx.x = (g * nkt + kt) * nnt + nt), 256
+// threads: the codes staged in shared memory in q's orientation (rows of 32 bytes), then
+// written along N.
+template <typename Out, int FMT>
+__device__ __forceinline__ void dl_mx_dequant_weights(const DlMxWDqArgs &a)
+{
+    __shared__ u8 sh[32][33];
+    const int nt = (int)(blockIdx.x % (u32)a.nnt);
+    const int gk = (int)(blockIdx.x / (u32)a.nnt);
+    const int kt = gk % a.nkt, g = gk / a.nkt;
+    const int tx = (int)(threadIdx.x & 31u), ty = (int)(threadIdx.x >> 5);
+    const int k0 = 32 * kt, n0 = 32 * nt;
+    const u64 base = (u64)g * (u64)a.K * (u64)a.N;
+    // q's rows: n (kmajor, rows of K codes) or k (rows of N codes).
+    const int r0 = a.kmajor ? n0 : k0, c0 = a.kmajor ? k0 : n0;
+    const int nrow = a.kmajor ? a.N : a.K, ncol = a.kmajor ? a.K : a.N;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int r = ty + 8 * j;
+        if (r0 + r < nrow && c0 + tx < ncol) {
+            sh[r][tx] = a.q[base + (u64)(r0 + r) * (u64)ncol + (u64)(c0 + tx)];
+        }
+    }
+    __syncthreads();
+    const int n = n0 + tx;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int k = k0 + ty + 8 * j;
+        if (k < a.K && n < a.N) {
+            u8 e, c;
+            if (a.kmajor) {
+                e = sh[tx][ty + 8 * j];
+                c = a.sc[(((u64)g * (u64)((a.K + 127) / 128) + (u64)(k >> 7)) * (u64)a.N + (u64)n) * 4u + ((k >> 5) & 3)];
+            } else {
+                e = sh[ty + 8 * j][tx];
+                c = a.sc[(((u64)g * (u64)((a.N + 127) / 128) + (u64)(n >> 7)) * (u64)a.K + (u64)k) * 4u + ((n >> 5) & 3)];
+            }
+            float v = dl_mx_dec<FMT>(e) * dl_e8m0_to_f32(c);
+            if (v != v) {
+                v = __uint_as_float(DL_NAN_F32);
+            }
+            dl_mx_st((Out *)a.y, base + (u64)k * (u64)a.N + (u64)n, v);
+        }
+    }
+}
+
+#define DL_MX_WEIGHT_KERNELS(IN, INAME, FMT, FNAME, MINB)                                                             \
+    extern "C" __global__ void __launch_bounds__(DL_MX_FAST_THREADS, MINB) dl_mxw_##INAME##_##FNAME(DlMxWArgs a)     \
+    {                                                                                                                  \
+        dl_mx_weights<IN, FMT, true>(a);                                                                               \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(DL_MX_FAST_THREADS, MINB)                                             \
+        dl_mxw_##INAME##_##FNAME##_scalar(DlMxWArgs a)                                                                 \
+    {                                                                                                                  \
+        dl_mx_weights<IN, FMT, false>(a);                                                                              \
+    }
+
+DL_MX_WEIGHT_KERNELS(u16, bf16, DL_MX_E4M3, e4m3, 6)
+DL_MX_WEIGHT_KERNELS(u16, bf16, DL_MX_E5M2, e5m2, 6)
+DL_MX_WEIGHT_KERNELS(float, f32, DL_MX_E4M3, e4m3, 4)
+DL_MX_WEIGHT_KERNELS(float, f32, DL_MX_E5M2, e5m2, 4)
+
+#define DL_MX_WEIGHT_DEQUANT_KERNEL(OUT, ONAME, FMT, FNAME)                                                           \
+    extern "C" __global__ void __launch_bounds__(256) dl_mxdqw_##ONAME##_##FNAME(DlMxWDqArgs a)                       \
+    {                                                                                                                  \
+        dl_mx_dequant_weights<OUT, FMT>(a);                                                                            \
+    }
+
+DL_MX_WEIGHT_DEQUANT_KERNEL(u16, bf16, DL_MX_E4M3, e4m3)
+DL_MX_WEIGHT_DEQUANT_KERNEL(u16, bf16, DL_MX_E5M2, e5m2)
+DL_MX_WEIGHT_DEQUANT_KERNEL(float, f32, DL_MX_E4M3, e4m3)
+DL_MX_WEIGHT_DEQUANT_KERNEL(float, f32, DL_MX_E5M2, e5m2)
