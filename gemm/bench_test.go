@@ -117,58 +117,90 @@ func BenchmarkRaggedDotBlockwiseInputGrad(b *testing.B) { benchmark(b, dgrad, bl
 // its operands quantized in the case's groups.
 func BenchmarkRaggedDotBlockwiseWeightGrad(b *testing.B) { benchmark(b, wgrad, blockBenchCall) }
 
+// BenchmarkRaggedDotMXFP8 times the MXFP8 forward (E4M3 operands, RCEIL scales, bf16
+// output) as BenchmarkRaggedDotBlockwise times the blockwise one.
+func BenchmarkRaggedDotMXFP8(b *testing.B) { benchmark(b, fwd, mxBenchCall) }
+
+// BenchmarkRaggedDotMXFP8InputGrad times the MXFP8 input gradient likewise.
+func BenchmarkRaggedDotMXFP8InputGrad(b *testing.B) { benchmark(b, dgrad, mxBenchCall) }
+
+// BenchmarkRaggedDotMXFP8WeightGrad times the MXFP8 weight gradient likewise, its operands
+// quantized in the case's groups, transposed.
+func BenchmarkRaggedDotMXFP8WeightGrad(b *testing.B) { benchmark(b, wgrad, mxBenchCall) }
+
 func blockBenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
+	fp8BenchCall(b, d, f, bc, blockwiseFam)
+}
+
+func mxBenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
+	fp8BenchCall(b, d, f, bc, mxFam)
+}
+
+// fp8BenchCall times family fam's form f on case bc, its operands quantized (E4M3) once
+// before the timed loop.
+func fp8BenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case, fam family) {
 	s := d.Stream()
 	G, M, K, N := bc.G, bc.M, bc.K, bc.N
 	ts := device.NewTemps(s)
 	defer ts.Free()
 	sizes := dt.Must(device.FromSlice(s, device.I32, bc.Sizes(), G))
 	ts.Add(sizes)
-	// random returns a bf16 tensor of shape filled with N(0, scale²) values; free it.
-	random := func(seed uint64, scale float32, shape ...int) *device.Tensor {
-		t := dt.Must(s.Alloc(device.BF16, shape...))
-		randomFill(b, s, t, seed, scale)
-		return t
-	}
-	opt := quant.BlockOptions{Format: quant.E4M3, Dir: quant.Rowwise}
-	if f == wgrad {
-		opt.Dir, opt.GroupSizes = quant.Columnwise, sizes
-	}
-	var qs []*quant.Blockwise
-	var w *quant.BlockwiseWeights
+	var qs []quantized
 	defer func() {
 		for _, q := range qs {
 			q.Free()
 		}
-		w.Free()
 	}()
-	acts := func(seed uint64, k int) *quant.Blockwise {
-		src := random(seed, 1, M, k)
+	// quantize quantizes a bf16 tensor of shape filled with N(0, scale²) values: weights
+	// [G, K, N], or activations and gradients [M, k] (grouped for the weight gradient).
+	quantize := func(seed uint64, scale float32, shape ...int) quantized {
+		src := dt.Must(s.Alloc(device.BF16, shape...))
 		defer src.Free()
-		q := dt.Must(quant.QuantizeBlockwise(s, src, opt))
+		randomFill(b, s, src, seed, scale)
+		var gs *device.Tensor
+		if f == wgrad {
+			gs = sizes
+		}
+		q, st := benchQuantize(fam, s, src, len(shape) == 3, gs)
 		qs = append(qs, q)
-		if q.Status != nil {
-			dt.NoErr(b, q.Status.Check(s))
+		if st != nil {
+			dt.NoErr(b, st.Check(s))
 		}
 		return q
 	}
-	if f != wgrad {
-		src := random(2, 0.02, G, K, N)
-		w = dt.Must(quant.QuantizeWeights(s, src, quant.BlockOptions{Format: quant.E4M3}))
-		src.Free()
-	}
-	var call func() error
+	var x, dy, w quantized
+	var out *device.Tensor
 	switch f {
 	case fwd:
-		x, y := acts(1, K), ts.Alloc(device.BF16, M, N)
-		call = func() error { return gemm.RaggedDotBlockwise(s, y, x, w, sizes, nil) }
+		x, w, out = quantize(1, 1, M, K), quantize(2, 0.02, G, K, N), ts.Alloc(device.BF16, M, N)
 	case dgrad:
-		dy, dx := acts(3, N), ts.Alloc(device.BF16, M, K)
-		call = func() error { return gemm.RaggedDotBlockwiseInputGrad(s, dx, dy, w, sizes, nil) }
+		x, w, out = quantize(3, 1, M, N), quantize(2, 0.02, G, K, N), ts.Alloc(device.BF16, M, K)
 	default:
-		x, dy, dw := acts(1, K), acts(3, N), ts.Alloc(device.BF16, G, K, N)
-		call = func() error { return gemm.RaggedDotBlockwiseWeightGrad(s, dw, x, dy, sizes, nil) }
+		x, dy, out = quantize(1, 1, M, K), quantize(3, 1, M, N), ts.Alloc(device.BF16, G, K, N)
 	}
 	dt.NoErr(b, ts.Err())
+	call := func() error { return fp8Call(fam, f, s, out, x, dy, w, sizes, nil) }
 	timeCalls(b, s, 2*float64(M)*float64(K)*float64(N), call)
+}
+
+// benchQuantize quantizes src with family fam to E4M3 (blockwise: f32 scales; MXFP8:
+// RCEIL): weights (src [G, K, N]), or activations and gradients rowwise, or with sizes
+// columnwise in their groups (MXFP8: transposed). It returns the quantization's Status
+// of invalid sizes (nil without groups).
+func benchQuantize(fam family, s *device.Stream, src *device.Tensor, weights bool, sizes *device.Tensor) (quantized, *device.Status) {
+	dir := quant.Rowwise
+	if sizes != nil {
+		dir = quant.Columnwise
+	}
+	switch {
+	case fam.mx && weights:
+		return dt.Must(quant.QuantizeMXFP8Weights(s, src, quant.Options{Format: quant.E4M3})), nil
+	case fam.mx:
+		q := dt.Must(quant.Quantize(s, src, quant.Options{Format: quant.E4M3, Dir: dir, Transpose: sizes != nil, GroupSizes: sizes}))
+		return q, q.Status
+	case weights:
+		return dt.Must(quant.QuantizeWeights(s, src, quant.BlockOptions{Format: quant.E4M3})), nil
+	}
+	q := dt.Must(quant.QuantizeBlockwise(s, src, quant.BlockOptions{Format: quant.E4M3, Dir: dir, GroupSizes: sizes}))
+	return q, q.Status
 }

@@ -102,4 +102,29 @@
 // (other GPUs, other shapes, DROPLESS_GEMM_KERNEL=mma) a portable path dequantizes the
 // operands into bf16 temporaries and runs the bf16 form on them: correct everywhere, but
 // slow, and it needs the memory of the bf16 operands.
+//
+// # MXFP8
+//
+// RaggedDotMXFP8, RaggedDotMXFP8InputGrad and RaggedDotMXFP8WeightGrad are the three forms
+// on MXFP8 operands (OCP MX, package quant: E4M3 or E5M2 elements with one E8M0 scale, a
+// power of two, per 32 elements along the contracted dimension). Activations and gradients
+// are a quant.MXFP8: its Row and RowScale for the forward's x and the input gradient's dy,
+// quantized without groups or in the groups of the sizes (their scale rows then follow the
+// groups' tile layout, and the operand's Groups must be G); its ColT and ColScale
+// (Options.Transpose: the columnwise data transposed, 32-token blocks that restart at each
+// group) for the weight gradient's x and dy, quantized in the groups of the sizes. So one
+// quantization of x and one of dy, Dir Both with Transpose and the sizes as GroupSizes,
+// serve all three forms. Weights are a quant.MXFP8Weights quantized along K for the forward
+// (KMajor, KScale) and along N for the input gradient (NMajor, NScale): the transpose of a
+// 1×32 block is not a block, so each orientation has its own scales. Scales must be
+// unswizzled. Each 32-element block's partial sum is scaled by its two blocks' scales and
+// summed in f32. Outputs, sizes, Status records (which name the MXFP8 form), graphs and
+// determinism are as for the bf16 forms.
+//
+// On the CPU the operands are dequantized exactly (decode(q)·2^(e−127) is exact in f32) as
+// package quant does and the f32 CPU path runs on them: the reference of the GPU. On a GPU
+// the portable path of the blockwise forms runs: the operands are dequantized into bf16
+// temporaries (exactly, E4M3 and E5M2 values times a power of two being bf16 numbers, but
+// for values below bf16's normal range) and the bf16 form runs on them. The Hopper FP8
+// kernels do not yet take MXFP8 operands.
 package gemm

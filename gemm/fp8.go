@@ -65,15 +65,12 @@ type blockCall struct {
 	w    *quant.BlockwiseWeights // forward and input gradient
 }
 
-func (bc *blockCall) run(s *device.Stream) error {
-	if s.Device().IsCUDA() {
-		return bc.gpu(s)
-	}
-	return bc.cpu(s)
-}
+func (bc *blockCall) run(s *device.Stream) error { return onDevice(s, bc.cpu, bc.gpu) }
 
-// tokens returns Mp, the token columns of the columnwise form of M rows in G groups (0:
-// without groups), as package quant lays it out.
+// tokens returns Mp, the token columns of the columnwise (transposed) form of M rows in
+// G groups (0: without groups), as package quant lays it out in both recipes: 128-token
+// tiles that restart at each group, within a bound that does not depend on the sizes.
+// It is also the number of rowwise scale rows of an MXFP8 operand.
 func tokens(M, G int) int {
 	if G == 0 {
 		return quant.BlockSize * ceilDiv(M, quant.BlockSize)
@@ -81,19 +78,33 @@ func tokens(M, G int) int {
 	return quant.BlockSize * (M/quant.BlockSize + min(G, M))
 }
 
-// checkBlockwise validates the arguments of the blockwise form f and returns the call.
-// forward: out = y, a = x, w; input gradient: out = dx, a = dy, w; weight gradient:
-// out = dw, a = x, b = dy.
-func checkBlockwise(f form, s *device.Stream, out *device.Tensor, a, b *quant.Blockwise, w *quant.BlockwiseWeights, sizes *device.Tensor, opt *Options) (*blockCall, error) {
+// qdims are the dimensions of a quantized operand as the shared checks see them: an
+// activation or gradient of M rows and K columns quantized in G groups (0: without
+// groups), or weights of G groups of K×N.
+type qdims struct{ M, K, N, G int }
+
+// fp8Checks are one FP8 recipe's checks of its quantized operands, each returning the
+// dimensions of the operand it checked on s: an activation or gradient read rowwise (the
+// forward's x, the input gradient's dy), named name, for sizes of G groups; one read
+// columnwise (the weight gradient's x and dy); the weights, in the orientation of the
+// forward (kMajor) or of the input gradient.
+type fp8Checks[Q, W any] struct {
+	rows    func(s *device.Stream, name string, q Q, G int) (qdims, error)
+	cols    func(s *device.Stream, name string, q Q) (qdims, error)
+	weights func(s *device.Stream, w W, kMajor bool) (qdims, error)
+}
+
+// checkFP8 validates the arguments of the FP8 form f, whose operands are a and w
+// (forward: x; input gradient: dy) or a and b (weight gradient: x and dy), checked by
+// the recipe's checks, and returns the bf16 or f32 call it runs as once its operands are
+// dequantized: c.f and c.layout say how (the forward as w_g stored [N][K], the input
+// gradient as w_g stored [K][N]), c.op is f.
+func checkFP8[Q, W any](f form, s *device.Stream, out *device.Tensor, a, b Q, w W, sizes *device.Tensor, opt *Options, rc fp8Checks[Q, W]) (*call, error) {
 	o, err := checkOptions(f, s, opt)
 	if err != nil {
 		return nil, err
 	}
-	names := map[form][3]string{
-		blockForward:    {"y", "x", "w"},
-		blockInputGrad:  {"dx", "dy", "w"},
-		blockWeightGrad: {"dw", "x", "dy"},
-	}[f]
+	names := f.argNames()
 	fail := func(format string, v ...any) error {
 		return fmt.Errorf("gemm: %v: "+format, append([]any{f}, v...)...)
 	}
@@ -114,45 +125,51 @@ func checkBlockwise(f form, s *device.Stream, out *device.Tensor, a, b *quant.Bl
 	}
 	G := sizes.Dim(0)
 	c := &call{op: f, layout: o.Layout, accum: o.Accumulate, status: o.Status, out: out, sizes: sizes, G: G}
-	bc := &blockCall{c: c, a: a, b: b, w: w}
 	var want []int // out's shape
-	switch f {
-	case blockForward, blockInputGrad:
+	switch f.base() {
+	case forward, inputGrad:
 		c.f, c.layout = forward, NK // y = x·w_g with w_g stored [N][K]: w.KMajor
-		if f == blockInputGrad {
+		if f.base() == inputGrad {
 			c.f, c.layout = inputGrad, KN // dx = dy·w_gᵀ with w_g stored [K][N]: w.NMajor
 		}
-		if err := checkRows(s, names[1], a); err != nil {
+		q, err := rc.rows(s, names[1], a, G)
+		if err != nil {
 			return nil, wrap(err)
 		}
-		if err := checkWeights(s, w, f == blockForward, G); err != nil {
+		wd, err := rc.weights(s, w, c.f == forward)
+		if err != nil {
 			return nil, wrap(err)
 		}
-		c.M, c.K, c.N = a.M, w.K, w.N
-		inner, outer := w.K, w.N
-		if f == blockInputGrad {
-			inner, outer = w.N, w.K
+		if wd.G != G {
+			return nil, fail("w holds %d groups and sizes has %d: want the same G", wd.G, G)
 		}
-		if a.K != inner {
-			return nil, fail("%s is quantized [%d %d] and w [G=%d K=%d N=%d]: want %s [M %d]", names[1], a.M, a.K, w.G, w.K, w.N, names[1], inner)
+		c.M, c.K, c.N = q.M, wd.K, wd.N
+		inner, outer := wd.K, wd.N
+		if c.f == inputGrad {
+			inner, outer = wd.N, wd.K
 		}
-		want = []int{a.M, outer}
+		if q.K != inner {
+			return nil, fail("%s is quantized [%d %d] and w [G=%d K=%d N=%d]: want %s [M %d]", names[1], q.M, q.K, wd.G, wd.K, wd.N, names[1], inner)
+		}
+		want = []int{q.M, outer}
 	default:
 		c.f = weightGrad
-		for i, q := range []*quant.Blockwise{a, b} {
-			if err := checkColT(s, names[1+i], q); err != nil {
+		var qs [2]qdims
+		for i, q := range []Q{a, b} {
+			if qs[i], err = rc.cols(s, names[1+i], q); err != nil {
 				return nil, wrap(err)
 			}
 		}
+		x, dy := qs[0], qs[1]
 		switch {
-		case a.M != b.M:
-			return nil, fail("x is quantized [%d %d] and dy [%d %d]: want the same M", a.M, a.K, b.M, b.K)
-		case a.Groups != b.Groups:
-			return nil, fail("x was quantized in %d groups and dy in %d: want both quantized with the group sizes of sizes", a.Groups, b.Groups)
-		case a.Groups != G:
-			return nil, fail("x and dy were quantized in %d groups and sizes is %v: want G=%d groups (BlockOptions.GroupSizes as sizes)", a.Groups, sizes, G)
+		case x.M != dy.M:
+			return nil, fail("x is quantized [%d %d] and dy [%d %d]: want the same M", x.M, x.K, dy.M, dy.K)
+		case x.G != dy.G:
+			return nil, fail("x was quantized in %d groups and dy in %d: want both quantized with the group sizes of sizes", x.G, dy.G)
+		case x.G != G:
+			return nil, fail("x and dy were quantized in %d groups and sizes is %v: want G=%d groups (GroupSizes holding the values of sizes)", x.G, sizes, G)
 		}
-		c.M, c.K, c.N = a.M, a.K, b.K
+		c.M, c.K, c.N = x.M, x.K, dy.K
 		want = wshape(o.Layout, G, c.K, c.N)
 	}
 	if !out.HasShape(device.Invalid, want...) {
@@ -166,13 +183,40 @@ func checkBlockwise(f form, s *device.Stream, out *device.Tensor, a, b *quant.Bl
 			return nil, fail("%s = %d: want less than 2^31-1", d.name, d.v)
 		}
 	}
-	return bc, nil
+	return c, nil
+}
+
+// blockChecks are the checks of the blockwise operands.
+var blockChecks = fp8Checks[*quant.Blockwise, *quant.BlockwiseWeights]{rows: checkRows, cols: checkColT, weights: checkWeights}
+
+// checkBlockwise validates the arguments of the blockwise form f and returns the call.
+// forward: out = y, a = x, w; input gradient: out = dx, a = dy, w; weight gradient:
+// out = dw, a = x, b = dy.
+func checkBlockwise(f form, s *device.Stream, out *device.Tensor, a, b *quant.Blockwise, w *quant.BlockwiseWeights, sizes *device.Tensor, opt *Options) (*blockCall, error) {
+	c, err := checkFP8(f, s, out, a, b, w, sizes, opt, blockChecks)
+	if err != nil {
+		return nil, err
+	}
+	return &blockCall{c: c, a: a, b: b, w: w}, nil
 }
 
 // checkFormat returns an error unless q's element format is E4M3 or E5M2.
 func checkFormat(name string, f quant.Format) error {
 	if f != quant.E4M3 && f != quant.E5M2 {
 		return fmt.Errorf("%s.Format is %v: want e4m3 or e5m2", name, f)
+	}
+	return nil
+}
+
+// checkHolds checks that an operand named name, of element format f, is E4M3 or E5M2 and
+// holds (has) the form a call reads: the tensors data and scale, which quantizing it as
+// how says makes.
+func checkHolds(name string, f quant.Format, has bool, form, data, scale, how string) error {
+	if err := checkFormat(name, f); err != nil {
+		return err
+	}
+	if !has {
+		return fmt.Errorf("%s has no %s form (%s.%s, %s.%s): quantize it with %s", name, form, name, data, name, scale, how)
 	}
 	return nil
 }
@@ -184,77 +228,75 @@ func checkForm(name string, q *quant.Blockwise, rowwise bool) error {
 	if q == nil {
 		return fmt.Errorf("%s is nil", name)
 	}
-	if err := checkFormat(name, q.Format); err != nil {
-		return err
+	if rowwise {
+		return checkHolds(name, q.Format, q.Row != nil && q.RowScale != nil, "rowwise", "Row", "RowScale", "Dir Rowwise or Both")
 	}
-	form, data, scale, dir := "rowwise", "Row", "RowScale", "Rowwise"
-	has := q.Row != nil && q.RowScale != nil
-	if !rowwise {
-		form, data, scale, dir = "columnwise", "ColT", "ColTScale", "Columnwise"
-		has = q.ColT != nil && q.ColTScale != nil
+	return checkHolds(name, q.Format, q.ColT != nil && q.ColTScale != nil, "columnwise", "ColT", "ColTScale", "Dir Columnwise or Both")
+}
+
+// qpart is one tensor of a quantized operand as a call reads it: field names it within
+// the operand, dt and shape are what the call wants.
+type qpart struct {
+	t     *device.Tensor
+	field string
+	dt    device.DType
+	shape []int
+}
+
+// checkParts checks the operand named name, of dimensions d (not negative) and tensors
+// parts (live on s's device, of their dtypes and shapes), and returns d.
+func checkParts(s *device.Stream, name string, d qdims, parts ...qpart) (qdims, error) {
+	if d.M < 0 || d.K < 0 || d.N < 0 || d.G < 0 {
+		return d, fmt.Errorf("%s is quantized with M=%d K=%d N=%d G=%d: want non-negative dimensions", name, d.M, d.K, d.N, d.G)
 	}
-	if !has {
-		return fmt.Errorf("%s has no %s form (%s.%s, %s.%s): quantize it with Dir %s or Both", name, form, name, data, name, scale, dir)
+	for _, p := range parts {
+		if err := p.t.CheckShape(s, name+"."+p.field, p.dt, p.shape...); err != nil {
+			return d, err
+		}
 	}
-	return nil
+	return d, nil
 }
 
 // checkRows checks the rowwise form of q, named name: Row Format [M, K] and RowScale F32
-// [ceil(K/128), roundup(M, 4)] on s's device.
-func checkRows(s *device.Stream, name string, q *quant.Blockwise) error {
+// [ceil(K/128), roundup(M, 4)] on s's device. Rowwise blocks do not depend on groups: any
+// grouping of q will do.
+func checkRows(s *device.Stream, name string, q *quant.Blockwise, _ int) (qdims, error) {
 	if err := checkForm(name, q, true); err != nil {
-		return err
+		return qdims{}, err
 	}
-	if q.M < 0 || q.K < 0 {
-		return fmt.Errorf("%s is quantized [%d %d]: want non-negative dimensions", name, q.M, q.K)
-	}
-	if err := q.Row.CheckShape(s, name+".Row", q.Format.DType(), q.M, q.K); err != nil {
-		return err
-	}
-	return q.RowScale.CheckShape(s, name+".RowScale", device.F32, ceilDiv(q.K, quant.BlockSize), 4*ceilDiv(q.M, 4))
+	return checkParts(s, name, qdims{M: q.M, K: q.K},
+		qpart{q.Row, "Row", q.Format.DType(), []int{q.M, q.K}},
+		qpart{q.RowScale, "RowScale", device.F32, []int{ceilDiv(q.K, quant.BlockSize), 4 * ceilDiv(q.M, 4)}})
 }
 
 // checkColT checks the columnwise form of q, named name: ColT Format [K, Mp] and ColTScale
 // F32 [Mp/128, K] on s's device.
-func checkColT(s *device.Stream, name string, q *quant.Blockwise) error {
+func checkColT(s *device.Stream, name string, q *quant.Blockwise) (qdims, error) {
 	if err := checkForm(name, q, false); err != nil {
-		return err
-	}
-	if q.M < 0 || q.K < 0 || q.Groups < 0 {
-		return fmt.Errorf("%s is quantized [%d %d] in %d groups: want non-negative dimensions", name, q.M, q.K, q.Groups)
+		return qdims{}, err
 	}
 	mp := tokens(q.M, q.Groups)
-	if err := q.ColT.CheckShape(s, name+".ColT", q.Format.DType(), q.K, mp); err != nil {
-		return err
-	}
-	return q.ColTScale.CheckShape(s, name+".ColTScale", device.F32, mp/quant.BlockSize, q.K)
+	return checkParts(s, name, qdims{M: q.M, K: q.K, G: q.Groups},
+		qpart{q.ColT, "ColT", q.Format.DType(), []int{q.K, mp}},
+		qpart{q.ColTScale, "ColTScale", device.F32, []int{mp / quant.BlockSize, q.K}})
 }
 
 // checkWeights checks w and the orientation the call reads (KMajor [G, N, K] when kMajor,
-// else NMajor [G, K, N]) with its Scales F32 [G, ceil(K/128), ceil(N/128)] on s's device,
-// for sizes of G groups.
-func checkWeights(s *device.Stream, w *quant.BlockwiseWeights, kMajor bool, G int) error {
+// else NMajor [G, K, N]) with its Scales F32 [G, ceil(K/128), ceil(N/128)] on s's device.
+func checkWeights(s *device.Stream, w *quant.BlockwiseWeights, kMajor bool) (qdims, error) {
 	if w == nil {
-		return fmt.Errorf("w is nil")
+		return qdims{}, fmt.Errorf("w is nil")
 	}
 	if err := checkFormat("w", w.Format); err != nil {
-		return err
+		return qdims{}, err
 	}
-	t, name, shape := w.KMajor, "w.KMajor", []int{w.G, w.N, w.K}
+	t := qpart{w.KMajor, "KMajor", w.Format.DType(), []int{w.G, w.N, w.K}}
 	if !kMajor {
-		t, name, shape = w.NMajor, "w.NMajor", []int{w.G, w.K, w.N}
+		t = qpart{w.NMajor, "NMajor", w.Format.DType(), []int{w.G, w.K, w.N}}
 	}
-	if t == nil || w.Scales == nil {
-		return fmt.Errorf("w has no %s or no w.Scales: quantize it with QuantizeWeights", name)
+	if t.t == nil || w.Scales == nil {
+		return qdims{}, fmt.Errorf("w has no w.%s or no w.Scales: quantize it with QuantizeWeights", t.field)
 	}
-	if w.G != G {
-		return fmt.Errorf("w holds %d groups and sizes has %d: want the same G", w.G, G)
-	}
-	if w.K < 0 || w.N < 0 {
-		return fmt.Errorf("w is quantized [G=%d K=%d N=%d]: want non-negative dimensions", w.G, w.K, w.N)
-	}
-	if err := t.CheckShape(s, name, w.Format.DType(), shape...); err != nil {
-		return err
-	}
-	return w.Scales.CheckShape(s, "w.Scales", device.F32, G, ceilDiv(w.K, quant.BlockSize), ceilDiv(w.N, quant.BlockSize))
+	return checkParts(s, "w", qdims{K: w.K, N: w.N, G: w.G},
+		t, qpart{w.Scales, "Scales", device.F32, []int{w.G, ceilDiv(w.K, quant.BlockSize), ceilDiv(w.N, quant.BlockSize)}})
 }

@@ -26,8 +26,9 @@ var blockShapes = []shape{
 	{"all-empty", 4, 64, 128, 128, "empty"},
 }
 
-// bop is one blockwise call of the tests and its host operands.
+// bop is one call of an FP8 family in the tests and its host operands.
 type bop struct {
+	fam    family
 	name   string
 	f      form
 	layout gemm.WeightLayout // wgrad: dw's layout
@@ -38,22 +39,28 @@ type bop struct {
 	a, b   *hostQ // fwd: x; dgrad: dy; wgrad: x and dy
 	w      *hostW // fwd, dgrad
 	c0     []float32
+	// grouped: the rowwise operand (fwd, dgrad) is quantized in the groups of sizes, which
+	// then sum to M (MXFP8, whose rowwise scale rows follow the groups then).
+	grouped bool
 }
 
 func (o *bop) String() string {
-	return fmt.Sprintf("%s/%v/%v/%v", o.name, o.f, o.layout, o.out)
+	g := ""
+	if o.grouped {
+		g = "/grouped"
+	}
+	return fmt.Sprintf("%s/%s/%v/%v/%v%s", o.fam.name, o.name, o.f, o.layout, o.out, g)
 }
 
-// newBop makes a call of form f on shape sh with random operands: the first quantized
-// with ra, the second (w or dy) with rb. Rows past sum(sizes) are NaN; the weight
-// gradient has none (its M is sum(sizes): quant's columnwise groups cover all M rows).
-func newBop(seed uint64, sh shape, f form, layout gemm.WeightLayout, out device.DType, ra, rb recipe, acc bool) *bop {
+// newBop makes a call of family fam's form f on shape sh with random operands: the first
+// quantized with ra, the second (w or dy) with rb (fam's counterparts of these blockwise
+// recipes). Rows past sum(sizes) are NaN; the weight gradient has none (its M is
+// sum(sizes): quant's columnwise groups cover all M rows).
+func newBop(fam family, seed uint64, sh shape, f form, layout gemm.WeightLayout, out device.DType, ra, rb recipe, acc bool) *bop {
+	ra, rb = fam.recipe(ra), fam.recipe(rb)
 	r := dt.Rand(seed)
-	o := &bop{name: sh.name, f: f, layout: layout, out: out, acc: acc, M: sh.M, sizes: genSizes(r, sh.G, sh.M, sh.dist)}
-	used := 0
-	for _, s := range o.sizes {
-		used += int(s)
-	}
+	o := &bop{fam: fam, name: sh.name, f: f, layout: layout, out: out, acc: acc, M: sh.M, sizes: genSizes(r, sh.G, sh.M, sh.dist)}
+	used := o.used()
 	if f == wgrad {
 		o.M = used
 	}
@@ -72,7 +79,7 @@ func newBop(seed uint64, sh shape, f form, layout gemm.WeightLayout, out device.
 		o.b = o.quantize(rb, rows(sh.N), sh.N)
 	}
 	if f != wgrad {
-		o.w = quantizeWeights(rb, dt.Normal(r, sh.G*sh.K*sh.N, 0.05), sh.G, sh.K, sh.N)
+		o.w = quantizeWeights(rb, dt.Normal(r, sh.G*sh.K*sh.N, 0.05), sh.G, sh.K, sh.N, f == fwd)
 	}
 	if acc {
 		o.c0 = rounded(out, dt.Normal(r, prod(o.outShape()), 4))
@@ -80,14 +87,33 @@ func newBop(seed uint64, sh shape, f form, layout gemm.WeightLayout, out device.
 	return o
 }
 
-// quantize quantizes v, o.M rows of k values, as the call reads it: rowwise for the
-// forward and the input gradient, columnwise in the groups of o.sizes for the weight
-// gradient.
-func (o *bop) quantize(r recipe, v []float32, k int) *hostQ {
-	if o.f == wgrad {
-		return quantize(r, v, o.M, k, o.sizes)
+// used returns sum(sizes).
+func (o *bop) used() int {
+	n := 0
+	for _, s := range o.sizes {
+		n += int(s)
 	}
-	return quantize(r, v, o.M, k, nil)
+	return n
+}
+
+// groupRows quantizes o's rowwise operand again, in the groups of o.sizes, and returns o.
+func (o *bop) groupRows() *bop {
+	if o.f == wgrad || o.used() != o.M {
+		panic(fmt.Sprintf("%v: only a forward or input gradient whose sizes sum to M has grouped rows", o))
+	}
+	o.grouped = true
+	o.a = o.quantize(o.a.r, o.a.v, o.a.K)
+	return o
+}
+
+// quantize quantizes v, o.M rows of k values, as the call reads it: rowwise for the
+// forward and the input gradient (in the groups of o.sizes when o.grouped), columnwise in
+// the groups of o.sizes for the weight gradient.
+func (o *bop) quantize(r recipe, v []float32, k int) *hostQ {
+	if o.f == wgrad || o.grouped {
+		return quantize(r, v, o.M, k, o.sizes, o.f == wgrad)
+	}
+	return quantize(r, v, o.M, k, nil, false)
 }
 
 // dims returns G, K and N of the call.
@@ -182,19 +208,40 @@ func (o *bop) zeros() [][2]int {
 }
 
 // call runs the call on s with the uploaded operands into c.
-func (o *bop) call(s *device.Stream, c *device.Tensor, a, b *quant.Blockwise, w *quant.BlockwiseWeights, sz *device.Tensor, opt *gemm.Options) error {
-	switch o.f {
-	case fwd:
-		return gemm.RaggedDotBlockwise(s, c, a, w, sz, opt)
-	case dgrad:
-		return gemm.RaggedDotBlockwiseInputGrad(s, c, a, w, sz, opt)
+func (o *bop) call(s *device.Stream, c *device.Tensor, a, b, w quantized, sz *device.Tensor, opt *gemm.Options) error {
+	return fp8Call(o.fam, o.f, s, c, a, b, w, sz, opt)
+}
+
+// fp8Call runs family fam's form f on s into c: a is x (fwd, wgrad) or dy (dgrad), b dy
+// (wgrad), w the weights (fwd, dgrad); operands the form does not take may be nil.
+func fp8Call(fam family, f form, s *device.Stream, c *device.Tensor, a, b, w quantized, sz *device.Tensor, opt *gemm.Options) error {
+	if fam.mx {
+		x, _ := a.(*quant.MXFP8)
+		dy, _ := b.(*quant.MXFP8)
+		mw, _ := w.(*quant.MXFP8Weights)
+		switch f {
+		case fwd:
+			return gemm.RaggedDotMXFP8(s, c, x, mw, sz, opt)
+		case dgrad:
+			return gemm.RaggedDotMXFP8InputGrad(s, c, x, mw, sz, opt)
+		}
+		return gemm.RaggedDotMXFP8WeightGrad(s, c, x, dy, sz, opt)
 	}
-	return gemm.RaggedDotBlockwiseWeightGrad(s, c, a, b, sz, opt)
+	x, _ := a.(*quant.Blockwise)
+	dy, _ := b.(*quant.Blockwise)
+	bw, _ := w.(*quant.BlockwiseWeights)
+	switch f {
+	case fwd:
+		return gemm.RaggedDotBlockwise(s, c, x, bw, sz, opt)
+	case dgrad:
+		return gemm.RaggedDotBlockwiseInputGrad(s, c, x, bw, sz, opt)
+	}
+	return gemm.RaggedDotBlockwiseWeightGrad(s, c, x, dy, sz, opt)
 }
 
 // upload puts o's quantized operands on s (a, and b or w where o has them; nil otherwise)
 // with its sizes, an I32[G] tensor; free releases them all.
-func (o *bop) upload(s *device.Stream) (a, b *quant.Blockwise, w *quant.BlockwiseWeights, sz *device.Tensor, free func()) {
+func (o *bop) upload(s *device.Stream) (a, b, w quantized, sz *device.Tensor, free func()) {
 	a = o.a.upload(s)
 	if o.b != nil {
 		b = o.b.upload(s)
@@ -204,9 +251,11 @@ func (o *bop) upload(s *device.Stream) (a, b *quant.Blockwise, w *quant.Blockwis
 	}
 	sz = dt.Must(device.FromSlice(s, device.I32, o.sizes, len(o.sizes)))
 	return a, b, w, sz, func() {
-		a.Free()
-		b.Free()
-		w.Free()
+		for _, q := range []quantized{a, b, w} {
+			if q != nil {
+				q.Free()
+			}
+		}
 		sz.Free()
 	}
 }
@@ -248,9 +297,17 @@ func (o *bop) run(t *testing.T, s *device.Stream, opt *gemm.Options, capture boo
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// check compares res with the reference: each element within tol·abs of it (NaN in the
-// reference: a NaN or infinite result), the relative Frobenius error at most tol, the
-// zeros exactly +0 and the guard untouched.
+// overflowed reports whether g, a GPU result, stands for ref = ±Inf of the CPU path or the
+// reference: a value past 2^100 of its sign. An MXFP8 element at the largest scale
+// dequantizes past f32's range on the CPU, while the GPU scales its block's sum by the
+// product of the two scales, which may stay in range.
+func overflowed(g, ref float64) bool {
+	return math.IsInf(ref, 0) && math.Abs(g) >= 0x1p100 && math.Signbit(g) == math.Signbit(ref)
+}
+
+// check compares res with the reference: each element within tol·abs of it (NaN or ±Inf
+// in the reference: a NaN or infinite result), the relative Frobenius error at most tol,
+// the zeros exactly +0 and the guard untouched.
 func (o *bop) check(t *testing.T, res result, ref, abs []float64, tol float64) {
 	t.Helper()
 	if !allBytes(res.guard, 0xFF) {
@@ -261,8 +318,8 @@ func (o *bop) check(t *testing.T, res result, ref, abs []float64, tol float64) {
 	var num, den float64
 	for i, want := range ref {
 		g := float64(got[i])
-		if math.IsNaN(want) {
-			if finite(g) {
+		if !finite(want) {
+			if finite(g) && !overflowed(g, want) {
 				t.Fatalf("%v: element (%d, %d) = %v, want NaN or ±Inf", o, i/cols, i%cols, g)
 			}
 			continue
@@ -287,7 +344,7 @@ func (o *bop) check(t *testing.T, res result, ref, abs []float64, tol float64) {
 
 // tol is the bound of check: on the CPU (f32 products and sums of exact dequantized
 // values) 1e-4 with f32 output and 5e-3 with bf16 output (half a bf16 unit is 2^-9 of
-// the magnitude); on a GPU, 1e-2 (FP8 tensor-core sums of 128-element blocks promoted
+// the magnitude); on a GPU, 1e-2 (FP8 tensor-core sums of scale blocks promoted
 // into f32).
 func (o *bop) tol(d *device.Device) float64 {
 	switch {
@@ -307,7 +364,7 @@ func (o *bop) checkClose(t *testing.T, gpu, cpu result) {
 	var num, den float64
 	for i := range c {
 		x, y := float64(g[i]), float64(c[i])
-		if finite(x) != finite(y) {
+		if finite(x) != finite(y) && !overflowed(x, y) {
 			t.Fatalf("%v: GPU element %d = %v, CPU %v", o, i, x, y)
 		}
 		if finite(y) {
@@ -339,27 +396,39 @@ var blockForms = []struct {
 	layout gemm.WeightLayout
 }{{fwd, gemm.KN}, {dgrad, gemm.KN}, {wgrad, gemm.KN}, {wgrad, gemm.NK}}
 
+// The tests below run on either FP8 family; each has a TestBlockwise… and a TestMXFP8…
+// entry point.
+
 // TestRaggedDotBlockwise is the shared suite: every shape and form, bf16 and f32 outputs,
 // E4M3 and E5M2 operands with f32 and power-of-two scales, on fresh random data into
 // poisoned outputs, against the float64 reference of the dequantized operands and, on a
 // GPU, against the CPU.
-func TestRaggedDotBlockwise(t *testing.T) {
+func TestRaggedDotBlockwise(t *testing.T) { testFP8Suite(t, blockwiseFam) }
+
+// testFP8Suite is the shared suite of family fam: output dtypes and recipes alternate
+// from shape to shape and form to form, and MXFP8's rowwise operands are quantized in the
+// groups of the sizes in every other pair of shapes whose sizes sum to M.
+func testFP8Suite(t *testing.T, fam family) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		seed := uint64(100)
-		for _, sh := range blockShapes {
+		for j, sh := range blockShapes {
 			for i, bf := range blockForms {
 				seed++
 				out, ra, rb := device.F32, e4m3F32, e5m2Pow2
-				if (seed+uint64(i))%2 == 0 {
+				if (j+i)%2 == 0 {
 					out, ra, rb = device.BF16, e5m2Pow2, e4m3F32
 				}
 				if bf.f != wgrad {
-					if sh.K%16 != 0 || sh.N%16 != 0 {
-						continue // quant.QuantizeWeights needs multiples of 16
+					if !fam.weightsOK(sh.K, sh.N) {
+						continue
 					}
 					rb = e4m3F32
 				}
-				newBop(seed, sh, bf.f, bf.layout, out, ra, rb, false).runCheck(t, d)
+				o := newBop(fam, seed, sh, bf.f, bf.layout, out, ra, rb, false)
+				if fam.mx && bf.f != wgrad && (j/2)%2 == 0 && o.used() == o.M {
+					o.groupRows()
+				}
+				o.runCheck(t, d)
 			}
 		}
 	})
@@ -367,12 +436,14 @@ func TestRaggedDotBlockwise(t *testing.T) {
 
 // TestRaggedDotBlockwiseAccumulate checks dw += x_gᵀ·dy_g in both layouts and dtypes, with
 // empty groups left as they were.
-func TestRaggedDotBlockwiseAccumulate(t *testing.T) {
+func TestRaggedDotBlockwiseAccumulate(t *testing.T) { testFP8Accumulate(t, blockwiseFam) }
+
+func testFP8Accumulate(t *testing.T, fam family) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		for i, sh := range []shape{blockShapes[1], blockShapes[3]} {
 			for j, layout := range []gemm.WeightLayout{gemm.KN, gemm.NK} {
 				out := []device.DType{device.F32, device.BF16}[(i+j)%2]
-				o := newBop(uint64(200+2*i+j), sh, wgrad, layout, out, e4m3F32, e5m2Pow2, true)
+				o := newBop(fam, uint64(200+2*i+j), sh, wgrad, layout, out, e4m3F32, e5m2Pow2, true)
 				res := o.runCheck(t, d)
 				got := decode(out, res.out)
 				per := sh.K * sh.N
@@ -391,12 +462,18 @@ func TestRaggedDotBlockwiseAccumulate(t *testing.T) {
 // TestBlockwisePortable runs the suite's forms on shapes the Hopper kernels take with
 // those turned off, so that on the H100 and H200 the portable path (dequantize to bf16,
 // then the bf16 ragged_dot) that other GPUs run is tested too.
-func TestBlockwisePortable(t *testing.T) {
+func TestBlockwisePortable(t *testing.T) { testFP8Portable(t, blockwiseFam) }
+
+func testFP8Portable(t *testing.T, fam family) {
 	defer gemm.ForceMMA(true)()
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		for i, sh := range []shape{blockShapes[1], blockShapes[3]} {
 			for j, bf := range blockForms {
-				newBop(uint64(800+4*i+j), sh, bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false).runCheck(t, d)
+				o := newBop(fam, uint64(800+4*i+j), sh, bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
+				if fam.mx && bf.f != wgrad && i == 1 {
+					o.groupRows()
+				}
+				o.runCheck(t, d)
 			}
 		}
 	})
@@ -405,14 +482,16 @@ func TestBlockwisePortable(t *testing.T) {
 // TestBlockwiseManyTiles runs each form on a GPU with more tiles than a persistent grid
 // holds (several rounds of tiles per block, the pipeline's phases carried across tiles),
 // against the CPU path.
-func TestBlockwiseManyTiles(t *testing.T) {
+func TestBlockwiseManyTiles(t *testing.T) { testFP8ManyTiles(t, blockwiseFam) }
+
+func testFP8ManyTiles(t *testing.T, fam family) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		if !d.IsCUDA() {
 			t.Skip("a GPU test")
 		}
 		sh := shape{"many-tiles", 8, 4000, 512, 1024, "skewed"}
 		for i, bf := range blockForms {
-			o := newBop(uint64(900+i), sh, bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
+			o := newBop(fam, uint64(900+i), sh, bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
 			o.checkClose(t, o.run(t, d.Stream(), nil, false), o.run(t, device.CPU().Stream(), nil, false))
 		}
 	})
@@ -426,14 +505,20 @@ func spread(i, j int) float32 {
 
 // TestBlockwiseScaleSpread gives every scale block of each operand its own magnitude, 2^e
 // with e in [-20, 20], so that a scale read from the wrong block, row or column changes
-// the result far beyond the tolerance; one block of each operand is all zeros (scale 1).
-func TestBlockwiseScaleSpread(t *testing.T) {
+// the result far beyond the tolerance; one block of each operand is all zeros.
+func TestBlockwiseScaleSpread(t *testing.T) { testFP8ScaleSpread(t, blockwiseFam) }
+
+// testFP8ScaleSpread is TestBlockwiseScaleSpread for family fam; MXFP8's rowwise operands
+// are quantized without groups with the first recipe and in the groups of the sizes with
+// the second.
+func testFP8ScaleSpread(t *testing.T, fam family) {
 	sh := shape{"spread", 3, 300, 384, 256, "skewed"}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		for i, bf := range blockForms {
 			for j, r := range []recipe{e4m3F32, e4m3Pow2} {
-				o := newBop(uint64(300+2*i+j), sh, bf.f, bf.layout, device.F32, r, r, false)
-				requantize(o, r)
+				o := newBop(fam, uint64(300+2*i+j), sh, bf.f, bf.layout, device.F32, r, r, false)
+				o.grouped = fam.mx && bf.f != wgrad && j == 1
+				requantize(o)
 				o.runCheck(t, d)
 			}
 		}
@@ -441,10 +526,13 @@ func TestBlockwiseScaleSpread(t *testing.T) {
 }
 
 // requantize replaces o's operands by spread ones built from their dequantized values:
-// rowwise operands scaled per (row, 128-column block), columnwise ones per (128-token
-// block, column), weights per 128×128 block, and zeroes the first block of each.
-func requantize(o *bop, r recipe) {
+// rowwise operands scaled per (row, block of the family's columns), columnwise ones per
+// (block of tokens, column), weights per block of the orientation the call reads
+// (blockwise: 128×128; MXFP8: 32 along the contracted dimension), and zeroes the first
+// block of each.
+func requantize(o *bop) {
 	G, K, N := o.dims()
+	bs := o.fam.bs
 	rows := func(h *hostQ) *hostQ {
 		v := append([]float32(nil), h.deq...)
 		off, tb := 0, 0 // the group's first row and token block
@@ -452,38 +540,45 @@ func requantize(o *bop, r recipe) {
 			for i := range int(sz) {
 				m := off + i
 				for k := range h.K {
-					f := spread(m, k/blk)
+					f := spread(m, k/bs)
 					if o.f == wgrad {
-						f = spread(tb+i/blk, k)
+						f = spread(tb+i/bs, k)
 					}
-					if (o.f == wgrad && tb+i/blk == 0) || (o.f != wgrad && m == 0 && k < blk) {
+					if (o.f == wgrad && tb+i/bs == 0) || (o.f != wgrad && m == 0 && k < bs) {
 						f = 0
 					}
 					v[m*h.K+k] *= f
 				}
 			}
 			off += int(sz)
-			tb += ceil(int(sz), blk)
+			tb += ceil(int(sz), bs)
 		}
-		return o.quantize(r, v, h.K)
+		return o.quantize(h.r, v, h.K)
 	}
 	o.a = rows(o.a)
 	if o.b != nil {
 		o.b = rows(o.b)
 	}
 	if o.w != nil {
+		bk, bn, zero := blk, blk, float32(1) // blockwise: 128×128 blocks; an all-zero block has scale 1
+		if o.fam.mx {
+			bk, bn, zero = bs, 1, 0 // KMajor: 1×32 along K; an all-zero block has code 0
+			if !o.w.kMajor {
+				bk, bn = 1, bs // NMajor: 1×32 along N
+			}
+		}
 		v := append([]float32(nil), o.w.deq...)
 		for i := range v {
 			g, k, n := i/(K*N), i/N%K, i%N
-			f := spread(g*1000+k/blk, n/blk+7)
-			if g == 0 && k < blk && n < blk {
+			f := spread(g*1000+k/bk, n/bn+7)
+			if g == 0 && k < bk && n < bn {
 				f = 0
 			}
 			v[i] *= f
 		}
-		o.w = quantizeWeights(r, v, G, K, N)
-		if o.w.scales[0] != 1 {
-			panic("the all-zero weight block's scale is not 1")
+		o.w = quantizeWeights(o.w.r, v, G, K, N, o.w.kMajor)
+		if o.w.scales[0] != zero {
+			panic(fmt.Sprintf("the all-zero weight block's scale is %v, not %v", o.w.scales[0], zero))
 		}
 	}
 }
@@ -491,11 +586,15 @@ func requantize(o *bop, r recipe) {
 // TestBlockwiseNaN: NaN elements and an infinite value (whose block gets the scale +Inf)
 // make NaN or ±Inf only in the outputs they reach (their rows, or their weight's column in
 // their group); every other output is finite and correct.
-func TestBlockwiseNaN(t *testing.T) {
+func TestBlockwiseNaN(t *testing.T) { testFP8NaN(t, blockwiseFam) }
+
+// testFP8NaN is TestBlockwiseNaN for family fam (in MXFP8 an infinite value gets its
+// block the largest scale, comes back as ±Inf and flushes the rest of its block to zeros).
+func testFP8NaN(t *testing.T, fam family) {
 	sh := shape{"nan", 3, 200, 256, 256, "uniform"}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		for i, bf := range blockForms {
-			o := newBop(uint64(400+i), sh, bf.f, bf.layout, device.BF16, e4m3F32, e4m3F32, false)
+			o := newBop(fam, uint64(400+i), sh, bf.f, bf.layout, device.BF16, e4m3F32, e4m3F32, false)
 			o.sizes = []int32{100, 60, 40}
 			// Magnitudes of at least 0.25 everywhere (the CPU's gonum skips zero terms,
 			// which would hide a NaN partner), then the non-finite values.
@@ -506,7 +605,7 @@ func TestBlockwiseNaN(t *testing.T) {
 				}
 				v[nan[0]*h.K+nan[1]] = float32(math.NaN())
 				v[inf[0]*h.K+inf[1]] = float32(math.Inf(1))
-				return o.quantize(e4m3F32, v, h.K)
+				return o.quantize(h.r, v, h.K)
 			}
 			o.a = poison(o.a, [2]int{5, 130}, [2]int{177, 3})
 			if o.b != nil {
@@ -515,17 +614,17 @@ func TestBlockwiseNaN(t *testing.T) {
 			if o.w != nil {
 				v := append([]float32(nil), o.w.deq...)
 				v[(1*sh.K+40)*sh.N+200] = float32(math.NaN())
-				o.w = quantizeWeights(e4m3F32, v, sh.G, sh.K, sh.N)
+				o.w = quantizeWeights(o.w.r, v, sh.G, sh.K, sh.N, o.w.kMajor)
 			}
 			ref, _ := o.reference()
-			nan := 0
+			bad := 0
 			for _, v := range ref {
-				if math.IsNaN(v) {
-					nan++
+				if !finite(v) {
+					bad++
 				}
 			}
-			if nan == 0 || nan > len(ref)/10 {
-				t.Fatalf("%v: %d of %d outputs are NaN in the reference", o, nan, len(ref))
+			if bad == 0 || bad > len(ref)/10 {
+				t.Fatalf("%v: %d of %d outputs are not finite in the reference", o, bad, len(ref))
 			}
 			o.runCheck(t, d)
 		}
@@ -534,13 +633,15 @@ func TestBlockwiseNaN(t *testing.T) {
 
 // TestBlockwiseScalePow2: with power-of-two scales, 2^k times an operand quantizes to the
 // same elements with scales 2^k times larger, and the output is exactly 2^k times larger.
-func TestBlockwiseScalePow2(t *testing.T) {
+func TestBlockwiseScalePow2(t *testing.T) { testFP8ScalePow2(t, blockwiseFam) }
+
+func testFP8ScalePow2(t *testing.T, fam family) {
 	sh := shape{"pow2", 4, 300, 256, 160, "skewed"}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
 		for i, bf := range blockForms {
 			for _, e := range []int{9, -13} {
-				o := newBop(uint64(500+i), sh, bf.f, bf.layout, device.F32, e4m3Pow2, e5m2Pow2, false)
+				o := newBop(fam, uint64(500+i), sh, bf.f, bf.layout, device.F32, e4m3Pow2, e5m2Pow2, false)
 				h := &o.a
 				if o.b != nil {
 					h = &o.b
@@ -576,12 +677,14 @@ func TestBlockwiseScalePow2(t *testing.T) {
 // TestBlockwiseMatchesBF16 compares each form with the bf16 form on the dequantized
 // operands (power-of-two scales: the dequantized values are bf16 numbers): the same bytes
 // on the CPU, which runs the same f32 path on the same values, and within 1e-2 on a GPU.
-func TestBlockwiseMatchesBF16(t *testing.T) {
+func TestBlockwiseMatchesBF16(t *testing.T) { testFP8MatchesBF16(t, blockwiseFam) }
+
+func testFP8MatchesBF16(t *testing.T, fam family) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
 		for i, sh := range []shape{blockShapes[1], blockShapes[4]} {
 			for j, bf := range blockForms {
-				o := newBop(uint64(600+4*i+j), sh, bf.f, bf.layout, device.F32, e4m3Pow2, e5m2Pow2, false)
+				o := newBop(fam, uint64(600+4*i+j), sh, bf.f, bf.layout, device.F32, e4m3Pow2, e5m2Pow2, false)
 				fp8 := o.run(t, s, nil, false)
 				G, K, N := o.dims()
 				sz := dt.Must(device.FromSlice(s, device.I32, o.sizes, len(o.sizes)))
@@ -589,10 +692,15 @@ func TestBlockwiseMatchesBF16(t *testing.T) {
 				var a, b *device.Tensor
 				var err error
 				switch o.f {
-				case fwd: // w_g [N][K], as KMajor
+				case fwd:
 					a = upload(t, s, device.BF16, o.a.deq, []int{o.M, K})
-					b = upload(t, s, device.BF16, kMajor(o.w.deq, G, K, N), []int{G, N, K})
-					err = gemm.RaggedDot(s, y, a, b, sz, &gemm.Options{Layout: gemm.NK})
+					if fam.fwdNK { // w_g [N][K], as KMajor
+						b = upload(t, s, device.BF16, kMajor(o.w.deq, G, K, N), []int{G, N, K})
+						err = gemm.RaggedDot(s, y, a, b, sz, &gemm.Options{Layout: gemm.NK})
+					} else {
+						b = upload(t, s, device.BF16, o.w.deq, []int{G, K, N})
+						err = gemm.RaggedDot(s, y, a, b, sz, nil)
+					}
 				case dgrad:
 					a = upload(t, s, device.BF16, o.a.deq, []int{o.M, N})
 					b = upload(t, s, device.BF16, o.w.deq, []int{G, K, N})
@@ -607,7 +715,7 @@ func TestBlockwiseMatchesBF16(t *testing.T) {
 				device.FreeAll(sz, y, a, b)
 				if !d.IsCUDA() {
 					if string(bf16.out) != string(fp8.out) {
-						t.Fatalf("%v: the blockwise form and the bf16 form on the dequantized operands differ", o)
+						t.Fatalf("%v: the FP8 form and the bf16 form on the dequantized operands differ", o)
 					}
 					continue
 				}
@@ -630,9 +738,15 @@ func kMajor(w []float32, G, K, N int) []float32 {
 // TestBlockwiseForwardReadsKMajor: the forward needs no more of w than KMajor and Scales:
 // with NMajor (the input gradient's) freed it gives the same bytes.
 func TestBlockwiseForwardReadsKMajor(t *testing.T) {
+	checkReadsOnly(t, blockwiseFam, fwd, func(w quantized) { dt.NoErr(t, w.(*quant.BlockwiseWeights).NMajor.Free()) })
+}
+
+// checkReadsOnly checks that family fam's form f (fwd or dgrad) gives the same bytes
+// after free has freed the parts of w that f does not read.
+func checkReadsOnly(t *testing.T, fam family, f form, free func(w quantized)) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
-		o := newBop(1000, blockShapes[1], fwd, gemm.KN, device.F32, e4m3F32, e4m3F32, false)
+		o := newBop(fam, 1000, blockShapes[1], f, gemm.KN, device.F32, e4m3F32, e4m3F32, false)
 		x, w := o.a.upload(s), o.w.upload(s)
 		sz := dt.Must(device.FromSlice(s, device.I32, o.sizes, len(o.sizes)))
 		y := [2]*device.Tensor{dt.Must(s.Alloc(device.F32, o.outShape()...)), dt.Must(s.Alloc(device.F32, o.outShape()...))}
@@ -641,22 +755,24 @@ func TestBlockwiseForwardReadsKMajor(t *testing.T) {
 			w.Free()
 			device.FreeAll(sz, y[0], y[1])
 		}()
-		dt.NoErr(t, gemm.RaggedDotBlockwise(s, y[0], x, w, sz, nil))
-		dt.NoErr(t, w.NMajor.Free())
-		dt.NoErr(t, gemm.RaggedDotBlockwise(s, y[1], x, w, sz, nil))
+		dt.NoErr(t, o.call(s, y[0], x, nil, w, sz, nil))
+		free(w)
+		dt.NoErr(t, o.call(s, y[1], x, nil, w, sz, nil))
 		if string(dt.Must(download(s, y[0]))) != string(dt.Must(download(s, y[1]))) {
-			t.Fatalf("%v: the forward with w.NMajor freed gives other bytes", o)
+			t.Fatalf("%v: the call gives other bytes with the parts of w it does not read freed", o)
 		}
 	})
 }
 
 // TestBlockwiseDeterministicAndCapture: two runs give the same bytes, and so does the
 // call captured in a graph and replayed.
-func TestBlockwiseDeterministicAndCapture(t *testing.T) {
+func TestBlockwiseDeterministicAndCapture(t *testing.T) { testFP8Deterministic(t, blockwiseFam) }
+
+func testFP8Deterministic(t *testing.T, fam family) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
 		for i, bf := range blockForms {
-			o := newBop(uint64(700+i), blockShapes[3], bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
+			o := newBop(fam, uint64(700+i), blockShapes[3], bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
 			checkDeterministic(t, s, o)
 		}
 	})
@@ -665,7 +781,9 @@ func TestBlockwiseDeterministicAndCapture(t *testing.T) {
 // TestBlockwiseInvalidSizes: a negative size or sizes summing past M are an error at once
 // on the CPU (recorded in the Status when replayed from a graph) and, on a GPU, recorded
 // in the Status with nothing written; the record names the blockwise form.
-func TestBlockwiseInvalidSizes(t *testing.T) {
+func TestBlockwiseInvalidSizes(t *testing.T) { testFP8InvalidSizes(t, blockwiseFam) }
+
+func testFP8InvalidSizes(t *testing.T, fam family) {
 	cases := []struct {
 		sizes []int32
 		want  string
@@ -673,19 +791,18 @@ func TestBlockwiseInvalidSizes(t *testing.T) {
 		{[]int32{3, -2, 5}, "sizes[1] = -2 < 0"},
 		{[]int32{10, 20, 11}, "sizes sum to 41 > M=40"},
 	}
-	names := map[form]string{fwd: "RaggedDotBlockwise", dgrad: "RaggedDotBlockwiseInputGrad", wgrad: "RaggedDotBlockwiseWeightGrad"}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		s := d.Stream()
 		for _, tc := range cases {
 			for _, bf := range blockForms[:3] {
 				for _, capture := range []bool{false, true} {
 					// Quantized with valid sizes of as many groups; the call gets tc.sizes.
-					o := newBop(7, shape{"invalid", 3, 40, 32, 48, "uniform"}, bf.f, gemm.KN, device.BF16, e4m3F32, e4m3F32, false)
+					o := newBop(fam, 7, shape{"invalid", 3, 40, 32, 48, "uniform"}, bf.f, gemm.KN, device.BF16, e4m3F32, e4m3F32, false)
 					o.sizes = tc.sizes
 					st := dt.Must(device.NewStatus(s))
 					err := invalidSizesErr(t, s, o, tc.sizes, st, capture)
-					if err == nil || err.Error() != "gemm: "+names[bf.f]+": "+tc.want {
-						t.Fatalf("%v %v capture=%v: error %v, want %q from %s", o, tc.sizes, capture, err, tc.want, names[bf.f])
+					if want := "gemm: " + fam.op(bf.f) + ": " + tc.want; err == nil || err.Error() != want {
+						t.Fatalf("%v %v capture=%v: error %v, want %q", o, tc.sizes, capture, err, want)
 					}
 					st.Free()
 				}

@@ -33,15 +33,9 @@ func newBlockArgs(s *device.Stream) *blockArgs {
 	}
 }
 
-// with returns a copy of q edited by edit.
-func with(q *quant.Blockwise, edit func(q *quant.Blockwise)) *quant.Blockwise {
+// with returns a copy of q (a quantized operand) edited by edit.
+func with[Q any](q *Q, edit func(q *Q)) *Q {
 	c := *q
-	edit(&c)
-	return &c
-}
-
-func withW(w *quant.BlockwiseWeights, edit func(w *quant.BlockwiseWeights)) *quant.BlockwiseWeights {
-	c := *w
 	edit(&c)
 	return &c
 }
@@ -95,9 +89,9 @@ func TestBlockwiseBadArgs(t *testing.T) {
 		{"fwd/x.Format", fwd(s, v.y, with(v.x, func(q *quant.Blockwise) { q.Format = 7 }), v.w, v.sizes, nil), "x.Format"},
 		{"fwd/x and w of different K", fwd(s, v.y, x16, v.w, v.sizes, nil), "x"},
 		{"fwd/nil w", fwd(s, v.y, v.x, nil, v.sizes, nil), "w"},
-		{"fwd/w without KMajor", fwd(s, v.y, v.x, withW(v.w, func(w *quant.BlockwiseWeights) { w.KMajor = nil }), v.sizes, nil), "w.KMajor"},
-		{"fwd/w.Scales shape", fwd(s, v.y, v.x, withW(v.w, func(w *quant.BlockwiseWeights) { w.Scales = al(device.F32, 2, 1, 2) }), v.sizes, nil), "w.Scales"},
-		{"fwd/w.KMajor dtype", fwd(s, v.y, v.x, withW(v.w, func(w *quant.BlockwiseWeights) { w.KMajor = al(device.BF16, 2, 48, 32) }), v.sizes, nil), "w.KMajor"},
+		{"fwd/w without KMajor", fwd(s, v.y, v.x, with(v.w, func(w *quant.BlockwiseWeights) { w.KMajor = nil }), v.sizes, nil), "w.KMajor"},
+		{"fwd/w.Scales shape", fwd(s, v.y, v.x, with(v.w, func(w *quant.BlockwiseWeights) { w.Scales = al(device.F32, 2, 1, 2) }), v.sizes, nil), "w.Scales"},
+		{"fwd/w.KMajor dtype", fwd(s, v.y, v.x, with(v.w, func(w *quant.BlockwiseWeights) { w.KMajor = al(device.BF16, 2, 48, 32) }), v.sizes, nil), "w.KMajor"},
 		{"fwd/w of other G", fwd(s, v.y, v.x, w3, v.sizes, nil), "w"},
 		{"fwd/nil sizes", fwd(s, v.y, v.x, v.w, nil, nil), "sizes"},
 		{"fwd/sizes i64", fwd(s, v.y, v.x, v.w, al(device.I64, 2), nil), "sizes"},
@@ -107,7 +101,7 @@ func TestBlockwiseBadArgs(t *testing.T) {
 		{"fwd/status not from NewStatus", fwd(s, v.y, v.x, v.w, v.sizes, &gemm.Options{Status: &device.Status{}}), "opt.Status"},
 		{"fwd/freed status", fwd(s, v.y, v.x, v.w, v.sizes, &gemm.Options{Status: freedStatus}), "opt.Status"},
 		{"dgrad/dy without Row", dgrad(v.dx, with(v.dy, func(q *quant.Blockwise) { q.RowScale = nil }), v.w, v.sizes, nil), "dy.Row"},
-		{"dgrad/w without NMajor", dgrad(v.dx, v.dy, withW(v.w, func(w *quant.BlockwiseWeights) { w.NMajor = nil }), v.sizes, nil), "w.NMajor"},
+		{"dgrad/w without NMajor", dgrad(v.dx, v.dy, with(v.w, func(w *quant.BlockwiseWeights) { w.NMajor = nil }), v.sizes, nil), "w.NMajor"},
 		{"dgrad/dy of K columns", dgrad(v.dx, v.x, v.w, v.sizes, nil), "dy"},
 		{"dgrad/dx shape", dgrad(al(device.F32, 10, 48), v.dy, v.w, v.sizes, nil), "dx"},
 		{"dgrad/accumulate", dgrad(v.dx, v.dy, v.w, v.sizes, &gemm.Options{Accumulate: true}), "opt.Accumulate"},

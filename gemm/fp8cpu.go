@@ -9,38 +9,20 @@ import (
 	"github.com/dropless/dropless/quant"
 )
 
-// The CPU path of the blockwise forms dequantizes the operands into f32 temporaries with
-// package quant (value = decode(q)·s, one f32 product) and runs the f32 CPU ragged_dot
-// on them: it is the reference of the GPU kernels. The dequantizations are ops enqueued
-// on the call's stream before it, so that a captured Graph runs them again on each
-// replay. The temporaries are host memory that is not freed explicitly (on the CPU, Free
-// would drop it at once, while a captured Graph still reads it): they go with the call,
-// or with the Graph.
+// The CPU path of the FP8 forms dequantizes the operands into f32 temporaries with
+// package quant (blockwise: decode(q)·s, one f32 product; MXFP8: decode(q)·2^(e−127),
+// exact) and runs the f32 CPU ragged_dot on them: it is the reference of the GPU kernels.
+// The dequantizations are ops enqueued on the call's stream before it, so that a
+// captured Graph runs them again on each replay. The temporaries are host memory that is
+// not freed explicitly (on the CPU, Free would drop it at once, while a captured Graph
+// still reads it): they go with the call, or with the Graph.
 
-// cpu enqueues the call on s's CPU stream: dequantize, then the CPU path of the form it
-// runs as.
-func (bc *blockCall) cpu(s *device.Stream) error {
-	c := bc.c
-	acts := func(q *quant.Blockwise, dir quant.Direction) func(t *device.Tensor) error {
-		return func(t *device.Tensor) error { return quant.DequantizeBlockwise(s, t, q, dir) }
-	}
-	// The operands A and B of the f32 form: their shapes and dequantizations.
-	var aShape, bShape []int
-	var a, b func(t *device.Tensor) error
-	switch c.f {
-	case forward: // w_g [N][K], layout NK
-		aShape, bShape = []int{c.M, c.K}, []int{c.G, c.N, c.K}
-		a, b = acts(bc.a, quant.Rowwise), func(t *device.Tensor) error { return dequantKMajor(s, t, bc.w) }
-	case inputGrad: // w_g [K][N], layout KN
-		aShape, bShape = []int{c.M, c.N}, []int{c.G, c.K, c.N}
-		a, b = acts(bc.a, quant.Rowwise), func(t *device.Tensor) error { return quant.DequantizeWeights(s, t, bc.w) }
-	default:
-		// The token blocks of the quantizations, those of sizes (the operands'
-		// contract), hold every row.
-		aShape, bShape = []int{c.M, c.K}, []int{c.M, c.N}
-		a, b = acts(bc.a, quant.Columnwise), acts(bc.b, quant.Columnwise)
-	}
+// cpuDequantized enqueues c, the call an FP8 form runs as, on s's CPU stream: a and b
+// dequantize its operands A and B into F32 temporaries of their shapes (operandShapes),
+// then the CPU path of the form runs on them.
+func (c *call) cpuDequantized(s *device.Stream, a, b func(t *device.Tensor) error) error {
 	inner := *c
+	aShape, bShape := c.operandShapes()
 	var err error
 	if inner.a, err = dequant(s, aShape, a); err == nil {
 		inner.b, err = dequant(s, bShape, b)
@@ -49,6 +31,36 @@ func (bc *blockCall) cpu(s *device.Stream) error {
 		return fmt.Errorf("gemm: %v: %w", c.op, err)
 	}
 	return inner.cpu(s)
+}
+
+// operandShapes returns the shapes of the call's operands A and B: x [M,K] (dy [M,N]
+// for the input gradient) and w in c.layout, or, for the weight gradient, x [M,K] and dy
+// [M,N].
+func (c *call) operandShapes() (a, b []int) {
+	switch c.f {
+	case forward:
+		return []int{c.M, c.K}, wshape(c.layout, c.G, c.K, c.N)
+	case inputGrad:
+		return []int{c.M, c.N}, wshape(c.layout, c.G, c.K, c.N)
+	}
+	return []int{c.M, c.K}, []int{c.M, c.N}
+}
+
+// cpu enqueues the call on s's CPU stream: dequantize, then the CPU path of the form it
+// runs as (the forward's w_g as KMajor [N][K], layout NK).
+func (bc *blockCall) cpu(s *device.Stream) error {
+	acts := func(q *quant.Blockwise, dir quant.Direction) func(t *device.Tensor) error {
+		return func(t *device.Tensor) error { return quant.DequantizeBlockwise(s, t, q, dir) }
+	}
+	switch bc.c.f {
+	case forward:
+		return bc.c.cpuDequantized(s, acts(bc.a, quant.Rowwise), func(t *device.Tensor) error { return dequantKMajor(s, t, bc.w) })
+	case inputGrad:
+		return bc.c.cpuDequantized(s, acts(bc.a, quant.Rowwise), func(t *device.Tensor) error { return quant.DequantizeWeights(s, t, bc.w) })
+	}
+	// The token blocks of the quantizations, those of sizes (the operands' contract),
+	// hold every row.
+	return bc.c.cpuDequantized(s, acts(bc.a, quant.Columnwise), acts(bc.b, quant.Columnwise))
 }
 
 // dequant allocates an F32 tensor of shape on s and enqueues into it the dequantization

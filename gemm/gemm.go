@@ -46,6 +46,10 @@ const (
 	blockForward    form = 4 // RaggedDotBlockwise
 	blockInputGrad  form = 5 // RaggedDotBlockwiseInputGrad
 	blockWeightGrad form = 6 // RaggedDotBlockwiseWeightGrad
+
+	mxForward    form = 7 // RaggedDotMXFP8
+	mxInputGrad  form = 8 // RaggedDotMXFP8InputGrad
+	mxWeightGrad form = 9 // RaggedDotMXFP8WeightGrad
 )
 
 func (f form) String() string {
@@ -62,17 +66,34 @@ func (f form) String() string {
 		return "RaggedDotBlockwiseInputGrad"
 	case blockWeightGrad:
 		return "RaggedDotBlockwiseWeightGrad"
+	case mxForward:
+		return "RaggedDotMXFP8"
+	case mxInputGrad:
+		return "RaggedDotMXFP8InputGrad"
+	case mxWeightGrad:
+		return "RaggedDotMXFP8WeightGrad"
 	}
 	return "gemm"
 }
 
+// base returns the bf16 or f32 form that f computes: forward, inputGrad or weightGrad.
+// Each family (bf16 and f32, blockwise FP8, MXFP8) numbers its forms in that order.
+func (f form) base() form { return (f-1)%3 + 1 }
+
 // weightGradForm returns the weight-gradient form of f's family: the one that
 // Options.Accumulate applies to.
-func (f form) weightGradForm() form {
-	if f >= blockForward {
-		return blockWeightGrad
+func (f form) weightGradForm() form { return f - f.base() + weightGrad }
+
+// argNames returns the names of f's output and its two operands, as the errors name
+// them.
+func (f form) argNames() [3]string {
+	switch f.base() {
+	case forward:
+		return [3]string{"y", "x", "w"}
+	case inputGrad:
+		return [3]string{"dx", "dy", "w"}
 	}
-	return weightGrad
+	return [3]string{"dw", "x", "dy"}
 }
 
 // call is one checked call: the GEMM C = A·B of the form, in the terms of the kernels.
@@ -150,11 +171,14 @@ func RaggedDotWeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, opt 
 	return c.run(s)
 }
 
-func (c *call) run(s *device.Stream) error {
+func (c *call) run(s *device.Stream) error { return onDevice(s, c.cpu, c.gpu) }
+
+// onDevice runs gpu on a GPU stream s, else cpu.
+func onDevice(s *device.Stream, cpu, gpu func(*device.Stream) error) error {
 	if s.Device().IsCUDA() {
-		return c.gpu(s)
+		return gpu(s)
 	}
-	return c.cpu(s)
+	return cpu(s)
 }
 
 // check validates the arguments of form f and returns the call.
@@ -165,11 +189,7 @@ func check(f form, s *device.Stream, out, a, b, sizes *device.Tensor, opt *Optio
 	if err != nil {
 		return nil, err
 	}
-	names := map[form][3]string{
-		forward:    {"y", "x", "w"},
-		inputGrad:  {"dx", "dy", "w"},
-		weightGrad: {"dw", "x", "dy"},
-	}[f]
+	names := f.argNames()
 	for i, t := range []*device.Tensor{out, a, b, sizes} {
 		name := "sizes"
 		if i < 3 {

@@ -101,11 +101,20 @@ func (c *call) plan(s *device.Stream, bm, nt int) (*device.Tensor, error) {
 	return ws, nil
 }
 
+// needSM80 returns the error of op unless d has compute capability 8.0 or newer, which
+// the kernels need.
+func needSM80(d *device.Device, op form) error {
+	if cc := d.ComputeCapability(); cc < 80 {
+		return fmt.Errorf("gemm: %v: %v has compute capability %d.%d: the kernels need 8.0 or newer", op, d, cc/10, cc%10)
+	}
+	return nil
+}
+
 // gpu enqueues the call on s: the plan kernel, then the GEMM kernel.
 func (c *call) gpu(s *device.Stream) error {
 	d := s.Device()
-	if cc := d.ComputeCapability(); cc < 80 {
-		return fmt.Errorf("gemm: %v: %v has compute capability %d.%d: the kernels need 8.0 or newer", c.f, d, cc/10, cc%10)
+	if err := needSM80(d, c.f); err != nil {
+		return err
 	}
 	M, K, N, G := c.M, c.K, c.N, c.G
 	p := gemmArgs{A: c.a, B: c.b, C: c.out, G: int64(G)}

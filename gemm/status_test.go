@@ -19,6 +19,7 @@ func TestStatusMessages(t *testing.T) {
 		{"overflow", sizesRecord(forward, statusOverflow, 8, 70000, 65536), "gemm: RaggedDot: sizes sum to 70000 > M=65536"},
 		{"input_grad", sizesRecord(inputGrad, statusNegative, 0, -1, 40), "gemm: RaggedDotInputGrad: sizes[0] = -1 < 0"},
 		{"weight_grad", sizesRecord(weightGrad, statusOverflow, 3, 41, 40), "gemm: RaggedDotWeightGrad: sizes sum to 41 > M=40"},
+		{"mxfp8", sizesRecord(mxWeightGrad, statusNegative, 2, -3, 40), "gemm: RaggedDotMXFP8WeightGrad: sizes[2] = -3 < 0"},
 		// The word DL_STATUS_CODE(1, 2, 1) of the kernels: domain 1, op 2, code 1.
 		{"kernel_word", [4]int64{1<<16 | 2<<8 | 1, 5, -7, 9}, "gemm: RaggedDotInputGrad: sizes[5] = -7 < 0"},
 	} {

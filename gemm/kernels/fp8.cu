@@ -1,26 +1,61 @@
 #include "dl.cuh"
 
-// Dequantization of blockwise FP8 operands to bf16, for the portable GPU path of the
-// RaggedDotBlockwise forms (then the bf16 ragged_dot runs on them): value =
-// decode(q)·s in f32 (as package quant's dequantization), rounded to bf16. Layouts are
-// package quant's (quant/blockwise.go). Element loops are grid-stride; nothing here is
+// Dequantization of FP8 operands to bf16, for the portable GPU path of the FP8 forms
+// (RaggedDotBlockwise and RaggedDotMXFP8; then the bf16 ragged_dot runs on them): value =
+// decode(q)·s in f32 (as package quant's dequantizations: one f32 product with a blockwise
+// f32 scale, exact with an MXFP8 E8M0 scale), rounded to bf16. Layouts are package quant's
+// (quant/blockwise.go, quant/mxfp8.go). Element loops are grid-stride; nothing here is
 // tuned: the Hopper kernels are the fast path.
 
 __device__ __forceinline__ float dl_fp8_value(u8 q, int e5m2) { return e5m2 ? dl_e5m2_to_f32(q) : dl_e4m3_to_f32(q); }
 
-// Rowwise form: out[m][k] = q[m][k]·scale[k/128][m], q [M, K], scale [ceil(K/128), mr].
-extern "C" __global__ void dl_fp8_dequant_rows(const u8 *__restrict__ q, const float *__restrict__ scale, u16 *__restrict__ out, i64 M,
-                                               i64 K, i64 mr, int e5m2) {
+// Scale i of scales that are f32 (blockwise) or E8M0 codes (MXFP8: code e is 2^(e−127),
+// 0 is 2^−127, 255 NaN).
+__device__ __forceinline__ float dl_fp8_scale(const void *__restrict__ scale, i64 i, int e8m0) {
+    return e8m0 ? dl_e8m0_to_f32(((const u8 *)scale)[i]) : ((const float *)scale)[i];
+}
+
+// The largest i in [0, n) with a[i] <= v, a non-decreasing and a[0] <= v.
+__device__ __forceinline__ int dl_fp8_last_le(const int *a, int n, i64 v) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (a[mid] <= v) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Plans, where a kernel takes one, are the gemm plan of the sizes with 128-row tiles and
+// one column tile (kernels/gemm.cu): plan[0] valid, the groups' row offsets off[0..G] at
+// plan[4] and their first 128-row tiles tp[0..G] at plan[5+G].
+
+// Rowwise form: out[m][k] = q[m][k]·scale[(k/blk)·ks + row(m)·ms], q [M, K] (blockwise:
+// blk 128, scales [ceil(K/128), ks], ms 1; MXFP8: blk 32, ks 1, scales [rows, ms]). Without
+// a plan row(m) = m; with one (MXFP8 quantized in groups, whose scale rows are in the tile
+// layout) row(m) = 128·tp[g] + m − off[g] for the group g that owns m, and rows that no
+// group owns, or all rows when the plan is not valid, are left as they are.
+extern "C" __global__ void dl_fp8_dequant_rows(const u8 *__restrict__ q, const void *__restrict__ scale, u16 *__restrict__ out, i64 M,
+                                               i64 K, int blk, i64 ks, i64 ms, const int *__restrict__ plan, int G, int e8m0,
+                                               int e5m2) {
+    if (plan && !plan[0]) return;
+    const int *off = plan ? plan + 4 : nullptr, *tp = plan ? plan + 5 + G : nullptr;
     const i64 n = M * K;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         const i64 m = i / K, k = i - m * K;
-        out[i] = dl_f32_to_bf16(dl_fp8_value(q[i], e5m2) * scale[(k / 128) * mr + m]);
+        i64 row = m;
+        if (plan) {
+            if (m >= off[G]) continue;
+            const int g = dl_fp8_last_le(off, G, m); // the group owning m: off[g] <= m < off[g+1]
+            row = 128 * (i64)tp[g] + m - off[g];
+        }
+        out[i] = dl_f32_to_bf16(dl_fp8_value(q[i], e5m2) * dl_fp8_scale(scale, (k / blk) * ks + row * ms, e8m0));
     }
 }
 
-// Weights: out[g][r][c] = q[g][r][c]·scales[g][kb][nb] with scales [G, sk, sn] and, for
-// the [G, N, K] orientation (kmajor), kb = c/128 and nb = r/128, else kb = r/128 and
-// nb = c/128.
+// Blockwise weights: out[g][r][c] = q[g][r][c]·scales[g][kb][nb] with scales [G, sk, sn]
+// and, for the [G, N, K] orientation (kmajor), kb = c/128 and nb = r/128, else kb = r/128
+// and nb = c/128.
 extern "C" __global__ void dl_fp8_dequant_weights(const u8 *__restrict__ q, const float *__restrict__ scales, u16 *__restrict__ out, i64 G,
                                                   i64 R, i64 C, i64 sk, i64 sn, int kmajor, int e5m2) {
     const i64 n = G * R * C;
@@ -31,14 +66,27 @@ extern "C" __global__ void dl_fp8_dequant_weights(const u8 *__restrict__ q, cons
     }
 }
 
-// Columnwise form of rows in groups, back to rows: colt [K, mp] and scale [mp/128, K] give
-// out [M, K], row off[g]+i from token column 128·tp[g] + i (i < size of g), where plan is
-// the gemm plan of the sizes with 128-row tiles and one column tile (plan[0] valid,
-// off[0..G] at plan[4], tp[0..G] at plan[5+G]). Rows no group owns are left as they are.
-// Block (32, 8) handles a tile of 32 token columns × 32 features through shared memory, so
-// that both the reads and the writes are coalesced; grid (mp/32, ceil(K/32)).
-extern "C" __global__ void dl_fp8_dequant_colt(const u8 *__restrict__ colt, const float *__restrict__ scale, u16 *__restrict__ out,
-                                               const int *__restrict__ plan, int G, i64 K, i64 mp, int e5m2) {
+// MXFP8 weights, one orientation: q [G, R, C] with 1×32 blocks along C (the contraction:
+// KMajor [G, N, K], NMajor [G, K, N]) and E8M0 scales [G, ceil(C/128), R, 4], the scale of
+// element (g, r, c) at (g, c/128, r, (c/32)%4): out[g][r][c] = q[g][r][c]·2^(scale−127).
+extern "C" __global__ void dl_mx_dequant_weights(const u8 *__restrict__ q, const u8 *__restrict__ scales, u16 *__restrict__ out, i64 G,
+                                                 i64 R, i64 C, int e5m2) {
+    const i64 n = G * R * C, cb = (C + 127) / 128;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 c = i % C, r = (i / C) % R, g = i / (R * C);
+        out[i] = dl_f32_to_bf16(dl_fp8_value(q[i], e5m2) * dl_e8m0_to_f32(scales[((g * cb + c / 128) * R + r) * 4 + (c / 32) % 4]));
+    }
+}
+
+// Columnwise form of rows in groups, back to rows: colt [K, mp], with the scale of token
+// column p, feature k at (p/blk)·ld + k (blockwise: blk 128, scales [mp/128, K], ld K;
+// MXFP8: blk 32, scales [mp/32, ld]), gives out [M, K], row off[g]+i from token column
+// 128·tp[g] + i (i < size of g). Rows no group owns are left as they are. Block (32, 8)
+// handles a tile of 32 token columns × 32 features through shared memory, so that both
+// the reads and the writes are coalesced; grid (mp/32, ceil(K/32)).
+extern "C" __global__ void dl_fp8_dequant_colt(const u8 *__restrict__ colt, const void *__restrict__ scale, u16 *__restrict__ out,
+                                               const int *__restrict__ plan, int G, i64 K, i64 mp, int blk, i64 ld, int e8m0,
+                                               int e5m2) {
     __shared__ float tile[32][33];
     if (!plan[0]) return;
     const int *off = plan + 4, *tp = plan + 5 + G;
@@ -47,17 +95,11 @@ extern "C" __global__ void dl_fp8_dequant_colt(const u8 *__restrict__ colt, cons
     if (t >= tp[G]) return;
     // The group owning token block t: the largest g with tp[g] <= t (it has blocks, as
     // tp[g+1] > t).
-    int lo = 0, hi = G - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tp[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    const int g = lo, size = off[g + 1] - off[g];
+    const int g = dl_fp8_last_le(tp, G, t), size = off[g + 1] - off[g];
     const i64 i0 = p0 - (i64)tp[g] * 128; // the tile's first token within its group
     for (int j = threadIdx.y; j < 32; j += 8) {
         const i64 k = k0 + j, p = p0 + threadIdx.x;
-        tile[j][threadIdx.x] = k < K ? dl_fp8_value(colt[k * mp + p], e5m2) * scale[(p / 128) * K + k] : 0.f;
+        tile[j][threadIdx.x] = k < K ? dl_fp8_value(colt[k * mp + p], e5m2) * dl_fp8_scale(scale, (p / blk) * ld + k, e8m0) : 0.f;
     }
     __syncthreads();
     for (int j = threadIdx.y; j < 32; j += 8) {

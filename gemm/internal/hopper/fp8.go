@@ -3,6 +3,7 @@ package hopper
 import (
 	_ "embed"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/dropless/dropless/device"
@@ -21,11 +22,25 @@ const (
 	fp8Block  = 128 // tile rows, columns and stage depth: one scale block
 	fp8Stages = 6   // HF_STAGES
 	// fp8Smem is HF_SMEM of kernels/fp8.cu: the stages (A and B tiles, 128 A and 128 B
-	// scales each), their barriers, the three group tables and alignment slack.
-	fp8Smem = fp8Stages*(2*fp8Block*fp8Block+2*fp8Block*4) + 2*fp8Stages*8 + 3*(maxG+1)*4 + 1024
+	// scales each), their barriers, the four group tables and alignment slack.
+	fp8Smem = fp8Stages*(2*fp8Block*fp8Block+2*fp8Block*4) + 2*fp8Stages*8 + 4*(maxG+1)*4 + 1024
 )
 
 var fp8Support sync.Map // *device.Device → error
+
+// fp8Single keeps the FP8 kernels to one CTA per cluster (no multicast): the default, as the
+// two-CTA kernels measured slower on the H200 (docs/perf.md); DROPLESS_FP8_CLUSTER=2 selects
+// them, for comparisons.
+var fp8Single = os.Getenv("DROPLESS_FP8_CLUSTER") != "2"
+
+// fp8Grids caches, per device and kernel, the persistent grid of the two-CTA kernels: twice
+// the clusters that fit on the device at once (0: the kernel cannot run in clusters).
+var fp8Grids sync.Map // fp8GridKey → int
+
+type fp8GridKey struct {
+	d    *device.Device
+	name string
+}
 
 // BlockwiseSupported returns nil when d can run the blockwise FP8 kernels: when Supported
 // says d runs the Hopper kernels, the FP8 kernels fit its shared memory and compile.
@@ -55,7 +70,10 @@ func blockwiseSupported(d *device.Device) error {
 	names := []string{"dl_hopper_zero_tail"}
 	for _, a := range []string{"e4m3", "e5m2"} {
 		for _, b := range []string{"e4m3", "e5m2"} {
-			names = append(names, "dl_hopper_fp8_"+a+"_"+b, "dl_hopper_fp8_wgrad_"+a+"_"+b)
+			for _, p := range []string{"dl_hopper_fp8_", "dl_hopper_fp8_x2_", "dl_hopper_fp8_wgrad_", "dl_hopper_fp8_wgrad_x2_",
+				"dl_hopper_mx_", "dl_hopper_mx_x2_", "dl_hopper_mx_wgrad_", "dl_hopper_mx_wgrad_x2_"} {
+				names = append(names, p+a+"_"+b)
+			}
 		}
 	}
 	for _, name := range names {
@@ -83,17 +101,51 @@ func fp8Name(what string, t *device.Tensor) (string, error) {
 	return "", fmt.Errorf("hopper: %s is %v, want e4m3 or e5m2", what, t)
 }
 
-// fp8Kernel returns the kernel prefix+"_"+A's type+"_"+B's type.
-func fp8Kernel(d *device.Device, prefix string, a, b *device.Tensor) (*device.Kernel, error) {
+// fp8Launch is a kernel of the FP8 family chosen for a call: the two-CTA (multicast) form
+// when it runs on the device, else the one-CTA form, with its persistent grid and the rows
+// of the A box each CTA loads.
+type fp8Launch struct {
+	k     *device.Kernel
+	grid  int
+	aRows uint32
+}
+
+// fp8Kernel returns the kernel prefix+"_"+A's type+"_"+B's type (or its _x2 form) for d.
+func fp8Kernel(d *device.Device, prefix string, a, b *device.Tensor) (fp8Launch, error) {
 	an, err := fp8Name("A", a)
 	if err != nil {
-		return nil, err
+		return fp8Launch{}, err
 	}
 	bn, err := fp8Name("B", b)
 	if err != nil {
-		return nil, err
+		return fp8Launch{}, err
 	}
-	return d.Kernel(fp8, prefix+"_"+an+"_"+bn)
+	if !fp8Single {
+		name := prefix + "_x2_" + an + "_" + bn
+		if k, err := d.Kernel(fp8, name); err == nil {
+			if g := fp8Grid(d, k, name); g > 0 {
+				return fp8Launch{k: k, grid: g, aRows: fp8Block / 2}, nil
+			}
+		}
+	}
+	k, err := d.Kernel(fp8, prefix+"_"+an+"_"+bn)
+	return fp8Launch{k: k, grid: d.Multiprocessors(), aRows: fp8Block}, err
+}
+
+// fp8Grid returns the persistent grid of the two-CTA kernel k: twice the clusters that fit
+// on d at once, at most d's multiprocessors; 0 when none fit or the driver cannot say.
+func fp8Grid(d *device.Device, k *device.Kernel, name string) int {
+	key := fp8GridKey{d, name}
+	if v, ok := fp8Grids.Load(key); ok {
+		return v.(int)
+	}
+	n, err := k.MaxActiveClusters(2, 384, fp8Smem)
+	g := 0
+	if err == nil {
+		g = 2 * min(n, d.Multiprocessors()/2)
+	}
+	fp8Grids.Store(key, g)
+	return g
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
@@ -139,31 +191,12 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 	case !b.Scale.HasShape(device.F32, bs...):
 		return fmt.Errorf("hopper: BlockwiseGEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.F32, bs...))
 	}
-	k, err := fp8Kernel(d, "dl_hopper_fp8", a.Q, b.Q)
-	if err != nil {
-		return err
-	}
-	tmA, err := tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(a.Q.Ptr()),
-		[]uint64{uint64(Kc), uint64(M)}, []uint64{uint64(Kc)}, []uint32{fp8Block, fp8Block}, cuda.TensorMapSwizzle128B)
-	if err != nil {
-		return err
-	}
-	tmB, err := tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(b.Q.Ptr()),
-		[]uint64{uint64(Kc), uint64(N), uint64(G)}, []uint64{uint64(Kc), uint64(N) * uint64(Kc)}, []uint32{fp8Block, fp8Block, 1},
-		cuda.TensorMapSwizzle128B)
-	if err != nil {
-		return err
-	}
-	z, err := d.Kernel(fp8, "dl_hopper_zero_tail")
+	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_fp8", y, a.Q, b.Q, sizes)
 	if err != nil {
 		return err
 	}
 	f32 := y.DType() == device.F32
-	var noCounter *device.Tensor
-	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, noCounter); err != nil {
-		return err
-	}
-	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
+	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), f32)
 }
 
@@ -204,16 +237,55 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	if err != nil {
 		return err
 	}
+	maps, err := fp8TokenMaps(d, k, a.Q, b.Q)
+	if err != nil {
+		return err
+	}
+	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
+		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
+}
+
+// fp8Forward prepares a forward-form launch of the family prefix: it picks the kernel for
+// A's and B's element types, encodes the tensor maps of A [M, Kc] (box {128, k.aRows}) and
+// B [G, N, Kc] (box {128, 128, 1}), and enqueues the tail kernel that zeroes y's rows
+// past sum(sizes) on s.
+func fp8Forward(s *device.Stream, prefix string, y, a, b, sizes *device.Tensor) (k fp8Launch, tmA, tmB []byte, err error) {
+	d := s.Device()
+	M, Kc, G, N := a.Dim(0), a.Dim(1), sizes.Len(), y.Dim(1)
+	if k, err = fp8Kernel(d, prefix, a, b); err != nil {
+		return
+	}
+	if tmA, err = tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(a.Ptr()),
+		[]uint64{uint64(Kc), uint64(M)}, []uint64{uint64(Kc)}, []uint32{fp8Block, k.aRows}, cuda.TensorMapSwizzle128B); err != nil {
+		return
+	}
+	if tmB, err = tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(b.Ptr()),
+		[]uint64{uint64(Kc), uint64(N), uint64(G)}, []uint64{uint64(Kc), uint64(N) * uint64(Kc)}, []uint32{fp8Block, fp8Block, 1},
+		cuda.TensorMapSwizzle128B); err != nil {
+		return
+	}
+	z, err := d.Kernel(fp8, "dl_hopper_zero_tail")
+	if err != nil {
+		return
+	}
+	var noCounter *device.Tensor
+	err = z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), y.DType() == device.F32, noCounter)
+	return
+}
+
+// fp8TokenMaps encodes the tensor maps of the weight-gradient operands a [R, Mp] (box
+// {128, k.aRows}) and b [C, Mp] (box {128, 128}), contraction over the tokens Mp.
+func fp8TokenMaps(d *device.Device, k fp8Launch, a, b *device.Tensor) ([2][]byte, error) {
 	var maps [2][]byte
-	for i, x := range []FP8{a, b} {
-		rows := []int{R, C}[i]
-		if maps[i], err = tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(x.Q.Ptr()),
-			[]uint64{uint64(Mp), uint64(rows)}, []uint64{uint64(Mp)}, []uint32{fp8Block, fp8Block}, cuda.TensorMapSwizzle128B); err != nil {
-			return err
+	for i, x := range []*device.Tensor{a, b} {
+		box := []uint32{k.aRows, fp8Block}[i]
+		var err error
+		if maps[i], err = tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(x.Ptr()),
+			[]uint64{uint64(x.Dim(1)), uint64(x.Dim(0))}, []uint64{uint64(x.Dim(1))}, []uint32{fp8Block, box}, cuda.TensorMapSwizzle128B); err != nil {
+			return maps, err
 		}
 	}
-	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
-		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
+	return maps, nil
 }
 
 // tensorMapOf encodes a tiled tensor map of element type dtype (cuda.TensorMap*) with d's
@@ -226,4 +298,96 @@ func tensorMapOf(d *device.Device, dtype int, addr cuda.DevicePtr, dims, strides
 		return err
 	})
 	return m, err
+}
+
+// MXOperand is an operand of the MXFP8 kernels: Q holds its E4M3 or E5M2 elements, Scale
+// the E8M0 codes of their 32-element blocks along the contraction (layouts per function).
+type MXOperand struct {
+	Q, Scale *device.Tensor
+}
+
+// MXFP8GEMM computes y[M,N] = Σ_b (A_b·B_g,bᵀ)·sA·sB for the rows of each group g (sizes,
+// I32[G] on the device), the sum running over the 32-element blocks b of the contraction
+// Kc, in f32:
+//   - a.Q is E4M3 or E5M2 [M, Kc]; a.Scale is E8M0 [Sr, cp], cp = roundup(ceil(Kc/32), 4):
+//     row r's codes in scale row r, or, when grouped, in scale row 128·P_g + (r − start_g)
+//     for row r of group g, P_g = Σ_{h<g} ceil(M_h/128) (package quant's layouts);
+//   - b.Q is E4M3 or E5M2 [G, N, Kc]; b.Scale is E8M0 [G, ceil(Kc/128), N, 4], the code of
+//     column n's block b at (g, b/4, n, b%4).
+//
+// y is BF16 or F32; rows past sum(sizes) are zeroed. M ≥ 1, Kc and N positive multiples of
+// 16, 1 ≤ G ≤ 1024, tensors 16-byte aligned. Invalid sizes write nothing and are recorded
+// in st (if not nil) as for GroupedGEMM. Two launches on s; nothing is copied to the host.
+func MXFP8GEMM(s *device.Stream, y *device.Tensor, a, b MXOperand, sizes *device.Tensor, st *device.Status, op int, grouped bool) error {
+	d := s.Device()
+	if err := BlockwiseSupported(d); err != nil {
+		return err
+	}
+	M, Kc := a.Q.Dim(0), a.Q.Dim(1)
+	G, N := sizes.Len(), y.Dim(1)
+	if M < 1 || Kc < 16 || N < 16 || Kc%16 != 0 || N%16 != 0 || G < 1 || G > maxG {
+		return fmt.Errorf("hopper: MXFP8GEMM needs M ≥ 1, Kc and N positive multiples of 16 and 1 ≤ G ≤ %d (M=%d Kc=%d N=%d G=%d)", maxG, M, Kc, N, G)
+	}
+	cp := 4 * ceilDiv(ceilDiv(Kc, 32), 4)
+	bs := []int{G, ceilDiv(Kc, fp8Block), N, 4}
+	switch {
+	case !y.HasShape(device.Invalid, M, N) || (y.DType() != device.BF16 && y.DType() != device.F32):
+		return fmt.Errorf("hopper: MXFP8GEMM: y is %v, want bf16 or f32 [%d %d]", y, M, N)
+	case !a.Scale.HasShape(device.E8M0, -1, cp) || (!grouped && a.Scale.Dim(0) < M):
+		return fmt.Errorf("hopper: MXFP8GEMM: A's scales are %v, want e8m0[Sr %d] with Sr ≥ %d", a.Scale, cp, M)
+	case !b.Q.HasShape(device.Invalid, G, N, Kc):
+		return fmt.Errorf("hopper: MXFP8GEMM: B is %v, want [%d %d %d]", b.Q, G, N, Kc)
+	case !b.Scale.HasShape(device.E8M0, bs...):
+		return fmt.Errorf("hopper: MXFP8GEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.E8M0, bs...))
+	}
+	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_mx", y, a.Q, b.Q, sizes)
+	if err != nil {
+		return err
+	}
+	f32 := y.DType() == device.F32
+	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(cp), grouped, y, b.Scale, sizes,
+		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), f32)
+}
+
+// MXFP8WeightGrad computes dw[g] = Σ_t (A_g,t·B_g,tᵀ)·sA·sB (dw [G,R,C]) for each group g,
+// contracting over its tokens, the columns [128·P_g, 128·P_g + M_g) of the operands
+// (P_g = Σ_{h<g} ceil(M_h/128)), in 32-token scale blocks t:
+//   - a.Q is E4M3 or E5M2 [R, Mp], Mp a positive multiple of 128; a.Scale is E8M0
+//     [Mp/32, roundup(R, 128)], the code of row i's block t at (t, i);
+//   - b.Q is E4M3 or E5M2 [C, Mp]; b.Scale is E8M0 [Mp/32, roundup(C, 128)].
+//
+// Padding tokens must be zeros. dw is BF16 or F32; an empty group's dw is exactly zero
+// (left as it is with acc, which adds to dw). R and C positive multiples of 16,
+// 1 ≤ G ≤ 1024, tensors 16-byte aligned. Invalid sizes write nothing and are recorded in st
+// (if not nil). One launch on s; nothing is copied to the host.
+func MXFP8WeightGrad(s *device.Stream, dw *device.Tensor, a, b MXOperand, M int, sizes *device.Tensor, st *device.Status, op int, acc bool) error {
+	d := s.Device()
+	if err := BlockwiseSupported(d); err != nil {
+		return err
+	}
+	G, R, C, Mp := dw.Dim(0), dw.Dim(1), dw.Dim(2), a.Q.Dim(1)
+	if R < 16 || C < 16 || R%16 != 0 || C%16 != 0 || G < 1 || G > maxG || Mp < fp8Block || Mp%fp8Block != 0 {
+		return fmt.Errorf("hopper: MXFP8WeightGrad needs R and C positive multiples of 16, 1 ≤ G ≤ %d and Mp a positive multiple of 128 (R=%d C=%d G=%d Mp=%d)", maxG, R, C, G, Mp)
+	}
+	ka, kb := fp8Block*ceilDiv(R, fp8Block), fp8Block*ceilDiv(C, fp8Block)
+	switch {
+	case dw.Rank() != 3 || (dw.DType() != device.BF16 && dw.DType() != device.F32):
+		return fmt.Errorf("hopper: MXFP8WeightGrad: dw is %v, want bf16 or f32 [G R C]", dw)
+	case sizes.Len() != G:
+		return fmt.Errorf("hopper: MXFP8WeightGrad: sizes is %v, want %d groups", sizes, G)
+	case !a.Q.HasShape(device.Invalid, R, Mp) || !a.Scale.HasShape(device.E8M0, Mp/32, ka):
+		return fmt.Errorf("hopper: MXFP8WeightGrad: A is %v with scales %v, want [%d %d] and e8m0[%d %d]", a.Q, a.Scale, R, Mp, Mp/32, ka)
+	case !b.Q.HasShape(device.Invalid, C, Mp) || !b.Scale.HasShape(device.E8M0, Mp/32, kb):
+		return fmt.Errorf("hopper: MXFP8WeightGrad: B is %v with scales %v, want [%d %d] and e8m0[%d %d]", b.Q, b.Scale, C, Mp, Mp/32, kb)
+	}
+	k, err := fp8Kernel(d, "dl_hopper_mx_wgrad", a.Q, b.Q)
+	if err != nil {
+		return err
+	}
+	maps, err := fp8TokenMaps(d, k, a.Q, b.Q)
+	if err != nil {
+		return err
+	}
+	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, int32(ka), b.Scale, int32(kb), dw, sizes,
+		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
 }

@@ -51,3 +51,32 @@ func TestFP8StagesMirrorC(t *testing.T) {
 		t.Errorf("HF_STAGES is %d, fp8Stages %d", n, fp8Stages)
 	}
 }
+
+// TestFP8ClusterGrid: on a GPU that runs the FP8 kernels, the two-CTA kernels' persistent
+// grid holds whole clusters and covers most of the multiprocessors (else the one-CTA
+// kernels would serve better); it logs the grid.
+func TestFP8ClusterGrid(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		if !d.IsCUDA() {
+			t.Skip("CPU")
+		}
+		if err := BlockwiseSupported(d); err != nil {
+			t.Skip(err)
+		}
+		for _, name := range []string{"dl_hopper_fp8_x2_e4m3_e4m3", "dl_hopper_fp8_wgrad_x2_e4m3_e4m3", "dl_hopper_mx_x2_e4m3_e4m3"} {
+			k, err := d.Kernel(fp8, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := k.MaxActiveClusters(2, 384, fp8Smem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := fp8Grid(d, k, name)
+			t.Logf("%s: %d clusters fit at once on %d multiprocessors: grid %d", name, n, d.Multiprocessors(), g)
+			if g%2 != 0 || g > d.Multiprocessors() || 4*g < 3*d.Multiprocessors() {
+				t.Errorf("%s: grid %d for %d multiprocessors", name, g, d.Multiprocessors())
+			}
+		}
+	})
+}

@@ -16,7 +16,7 @@
 // and 2 are the consumers, each owning 64 of the tile's 128 rows and running
 // wgmma.m64n128k32 on them. The stages form a ring of HF_STAGES buffers with a full and an
 // empty mbarrier each (hb_setup initializes them: full counts the producer's one arrival
-// plus the TMA bytes, empty the 256 consumer threads).
+// plus the TMA bytes, empty one arrival per consumer warp of each CTA of the cluster).
 //
 // Shared memory, from the first 1024-byte aligned byte (the 128-byte swizzle needs it):
 //   [0, S·32 KB)          stage s: A 128 rows × 128 B at s·32 KB, B 128 rows × 128 B at s·32 KB + 16 KB
@@ -24,6 +24,7 @@
 //   [.., +S·512)          B scales: 128 floats a stage (weight gradient only: dw tile's columns)
 //   [.., +2·S·8)          full[S], empty[S]
 //   [.., +3·(G+1)·4)      tstart, rstart, lstart: hb_setup's group tables (HB_MAXG + 1 each)
+//   [.., +(G+1)·4)        pstart: the groups' first 128-row blocks (the MXFP8 forms' scale rows)
 // HF_SMEM is that sum plus 1024 bytes of alignment slack; hopper/fp8.go's fp8Smem mirrors it.
 //
 // Shared-memory matrix descriptors (hb_desc, 128-byte swizzle, both operands K-major).
@@ -57,7 +58,7 @@
 #define HF_A_BYTES (HF_BM * HF_BK)
 #define HF_B_BYTES (HF_BN * HF_BK)
 #define HF_STAGE_BYTES (HF_A_BYTES + HF_B_BYTES)
-#define HF_SMEM (HF_STAGES * (HF_STAGE_BYTES + (HF_BM + HF_BN) * 4) + 2 * HF_STAGES * 8 + 3 * (HB_MAXG + 1) * 4 + 1024)
+#define HF_SMEM (HF_STAGES * (HF_STAGE_BYTES + (HF_BM + HF_BN) * 4) + 2 * HF_STAGES * 8 + 4 * (HB_MAXG + 1) * 4 + 1024)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -95,6 +96,74 @@ __device__ __forceinline__ void hf_mma(float *d, u64 da, u64 db, int scale_d) {
 __device__ __forceinline__ void hf_fence(float *d) {
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Clusters: with CL = 2 the two CTAs of a cluster compute tiles that share their A tile
+// (the same rows, or in the weight gradient the same dw rows) and neighbouring column
+// tiles; each CTA loads half of the A tile and multicasts it to both, halving the A
+// traffic from L2. A stage is refilled only when the consumers of both CTAs have read it,
+// so each consumer warp hands a stage back to both CTAs' producers (hf_release).
+
+__device__ __forceinline__ u32 hf_cta_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// hf_cluster_sync: every thread of both CTAs arrives and waits (release/acquire at cluster
+// scope).
+__device__ __forceinline__ void hf_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// hf_arrive_peer arrives on the barrier at bar's offset in the shared memory of cluster CTA peer.
+__device__ __forceinline__ void hf_arrive_peer(u64 *bar, u32 peer) {
+    u32 a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(hb_smem(bar)), "r"(peer));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
+}
+
+// hf_wait_cluster is hb_mbar_wait for a barrier that threads of other CTAs arrive on.
+__device__ __forceinline__ void hf_wait_cluster(u64 *bar, u32 parity) {
+    u32 ok = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(hb_smem(bar)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+
+// hf_tma2d_mc is hb_tma2d multicast: the box lands at dst's offset in every CTA of mask,
+// each completing the transaction on its barrier at bar's offset.
+__device__ __forceinline__ void hf_tma2d_mc(void *dst, const dl_tmap *tm, int c0, int c1, u64 *bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], "
+                 "[%2], %5;" ::"r"(hb_smem(dst)),
+                 "l"((u64)tm), "r"(hb_smem(bar)), "r"(c0), "r"(c1), "h"(mask)
+                 : "memory");
+}
+
+// hf_bulk copies bytes (a multiple of 16; 16-byte aligned addresses) from global memory to
+// shared memory, completing the transaction on bar.
+__device__ __forceinline__ void hf_bulk(void *dst, const void *src, u32 bytes, u64 *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(hb_smem(dst)),
+                 "l"((u64)src), "r"(bytes), "r"(hb_smem(bar))
+                 : "memory");
+}
+
+// hf_wait_empty is the producer's wait for a stage to be handed back.
+template <int CL>
+__device__ __forceinline__ void hf_wait_empty(u64 *bar, u32 parity) {
+    if constexpr (CL > 1) hf_wait_cluster(bar, parity);
+    else hb_mbar_wait(bar, parity);
+}
+
+// hf_release hands a stage back, once per consumer warp (the empty barriers count CL·8
+// arrivals): lane 0 arrives on its own CTA's barrier and, with CL = 2, lane 1 on the peer's.
+template <int CL>
+__device__ __forceinline__ void hf_release(u64 *bar, int lane, u32 crank) {
+    if (lane == 0) hb_mbar_arrive(bar);
+    if (CL > 1 && lane == 1) hf_arrive_peer(bar, crank ^ 1);
 }
 
 // hf_block runs one stage for a consumer warpgroup: d = A·Bᵀ over the stage's 128-deep
@@ -163,7 +232,7 @@ struct hf_smem {
     unsigned char *stages;
     float *sa, *sb;
     u64 *full, *empty;
-    int *tstart, *rstart, *lstart;
+    int *tstart, *rstart, *lstart, *pstart;
 };
 
 __device__ __forceinline__ hf_smem hf_carve(unsigned char *raw) {
@@ -176,62 +245,193 @@ __device__ __forceinline__ hf_smem hf_carve(unsigned char *raw) {
     m.tstart = (int *)(m.empty + HF_STAGES);
     m.rstart = m.tstart + (HB_MAXG + 1);
     m.lstart = m.rstart + (HB_MAXG + 1);
+    m.pstart = m.lstart + (HB_MAXG + 1);
     return m;
 }
 
-// Forward and input gradient: y[M, N] = A[M, Kc] · B_gᵀ for the rows of each group g.
-//   A: the rowwise activations or gradients, FP8 [M, Kc] (tmA, box {128, 128}), with scales
-//      RowScale F32 [ceil(Kc/128), Mr] (sa, read by the consumers from global memory a
-//      stage ahead: each thread needs its two rows' scales), Mr = roundup(M, 4).
-//   B: the K-major weights, FP8 [G, N, Kc] (tmB, box {128, 128, 1}), whose 128×128 blocks'
-//      scales are sb[g·gs + kb·ks + nb·ns] for contraction block kb and output block nb
-//      (forward: w.Scales [G, Kc/128, N/128], ks = N/128, ns = 1; input gradient:
-//      [G, N/128, Kc/128], ks = 1, ns = Kc/128).
-// Tiles are dealt as the bf16 forward deals them (hb_pick: each group's row tiles, short
-// groups' tiles spread among the others), round-robin over the persistent grid; every tile
-// runs ceil(Kc/128) stages. A consumer whose 64 rows all lie past its group's end keeps the
-// barrier protocol but issues no wgmma and writes nothing. Rows past the group's end in a
-// tile belong to the next group and are computed but not written; rows past M, columns
-// past N and contraction past Kc read TMA's zeros. The B scale of the next stage is loaded
-// from global memory one stage ahead. Rows past sum(sizes) are zeroed by the tail kernel,
-// launched first.
+// hf_pstarts, run by warp 0 after hb_setup: pstart[g] = Σ_{h<g} ceil(M_h/128) for g ≤ G,
+// the first 128-row block of each group in package quant's grouped MXFP8 layout.
+__device__ __forceinline__ void hf_pstarts(const int *rstart, int G, int *pstart) {
+    const int lane = threadIdx.x & 31;
+    int p = 0;
+    for (int base = 0; base < G; base += 32) {
+        const int g = base + lane;
+        const int nb = g < G ? (rstart[g + 1] - rstart[g] + HF_BM - 1) / HF_BM : 0;
+        int in = nb;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(DL_FULL, in, o);
+            if (lane >= o) in += v;
+        }
+        if (g < G) pstart[g] = p + in - nb;
+        p += __shfl_sync(DL_FULL, in, 31);
+    }
+    if (lane == 0) pstart[G] = p;
+}
+
+// hf_begin runs warp 0's setup (hb_setup with ntc column tiles per 128-row block, and the
+// MXFP8 forms' pstart when pstarts is set), then synchronizes the CTA and, with CL = 2, the
+// cluster (so that the peer's barriers are initialized before anything reaches them). It
+// returns false for invalid sizes, alike in both CTAs of a cluster.
+template <int CL>
+__device__ __forceinline__ bool hf_begin(const hf_smem &m, hb_sched *sc, const int *sizes, int G, int M, int ntc, int light,
+                                         i64 *status, int op, bool pstarts) {
+    __shared__ int bad;
+    if (threadIdx.x < 32) {
+        const int e =
+            hb_setup(sizes, G, M, ntc, light, m.tstart, m.lstart, sc, m.rstart, status, op, m.full, m.empty, HF_STAGES, CL * 8);
+        if (!e && pstarts) hf_pstarts(m.rstart, G, m.pstart);
+        if (threadIdx.x == 0) bad = e;
+    }
+    __syncthreads();
+    if (bad) return false;
+    if (CL > 1) hf_cluster_sync();
+    return true;
+}
+
+// hf_load_a issues a stage's A tile (rows row0.., contraction from c0): with CL = 2 this
+// CTA's half, multicast to both CTAs of the cluster; else the whole box.
+template <int CL>
+__device__ __forceinline__ void hf_load_a(unsigned char *stg, const dl_tmap *tmA, int c0, int row0, u32 crank, u64 *bar) {
+    if constexpr (CL > 1)
+        hf_tma2d_mc(stg + crank * (HF_A_BYTES / CL), tmA, c0, row0 + crank * (HF_BM / CL), bar, (1 << CL) - 1);
+    else
+        hb_tma2d(stg, tmA, c0, row0, bar);
+}
+
+// hf_ftile is the place of a forward (or input-gradient) tile: group g of sz rows, its row
+// tile mt (rows row0 + [0, rows) of the group's) and column tile nt (columns from n0).
+struct hf_ftile {
+    int g, sz, mt, nt, row0, n0, rows;
+};
+
+// hf_fwd_tile returns the place of schedule position tile for this CTA of a cluster of CL.
+template <int CL>
+__device__ __forceinline__ hf_ftile hf_fwd_tile(const hb_sched *sc, const hf_smem &m, int G, int tile, u32 crank) {
+    hf_ftile t;
+    int local;
+    t.g = hb_pick(sc, m.tstart, m.lstart, G, tile, &local);
+    t.sz = m.rstart[t.g + 1] - m.rstart[t.g];
+    const int mtiles = (t.sz + HF_BM - 1) / HF_BM;
+    t.mt = local % mtiles, t.nt = (local / mtiles) * CL + crank;
+    t.row0 = m.rstart[t.g] + t.mt * HF_BM, t.n0 = t.nt * HF_BN;
+    t.rows = min(HF_BM, t.sz - t.mt * HF_BM);
+    return t;
+}
+
+// hf_wtile is the place of a weight-gradient tile: group g, dw rows from m0 and columns from
+// n0, the group's token blocks [p0, p0 + nkb).
+struct hf_wtile {
+    int g, m0, n0, p0, nkb;
+};
+
+// hf_wg_tile returns the place of tile (of G·tm·tnc) for this CTA of a cluster of CL.
+template <int CL>
+__device__ __forceinline__ hf_wtile hf_wg_tile(const hf_smem &m, int tile, int tm, int tnc, u32 crank) {
+    hf_wtile t;
+    t.g = tile / (tm * tnc);
+    const int local = tile % (tm * tnc);
+    t.m0 = (local % tm) * HF_BM, t.n0 = ((local / tm) * CL + crank) * HF_BN;
+    t.p0 = m.tstart[t.g], t.nkb = m.tstart[t.g + 1] - t.p0;
+    return t;
+}
+
+// MXFP8 (1×32 blocks, E8M0 scales): the same tiles, stages and clusters, but each 128-deep
+// stage holds four scale blocks, so every wgmma.m64n128k32 (one block) is waited for and
+// promoted on its own: total += partial · s_a · s_b with the block's scales, 2^(e − 127)
+// for code e (code 0 is 2^−127; code 255, NaN, only marks blocks whose codes are NaN).
+
+// hf_e8m0 is the scale of E8M0 code e (0..255).
+__device__ __forceinline__ float hf_e8m0(u32 e) { return e ? __int_as_float(e << 23) : 5.877471754111438e-39f; }
+
+// hf_mx_step runs scale block s of a stage for a consumer warpgroup: partial = A·Bᵀ over
+// the block's 32 elements (a and b: the operands' first rows; the block is 32 bytes in),
+// waited for.
 template <int TA, int TB>
-__device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, const float *sa, int Mr, void *y, const float *sb,
-                                        const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs, i64 *status, int op,
-                                        int light, int f32) {
+__device__ __forceinline__ void hf_mx_step(float *d, const unsigned char *a, const unsigned char *b, int s) {
+    hf_fence(d);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    hf_mma<TA, TB>(d, hb_desc(a + s * 32, 0, 1024), hb_desc(b + s * 32, 0, 1024), 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    hf_fence(d);
+}
+
+// hf_mx_promote adds part scaled by (sa0, sa1) for the thread's two rows and sbw's column
+// scales: sbw[j] holds the four block codes (byte s: block s) of columns 8j + 2(l%4) (x)
+// and + 1 (y).
+__device__ __forceinline__ void hf_mx_promote(float *tot, const float *part, float sa0, float sa1, const uint2 *sbw, int s) {
+#pragma unroll
+    for (int j = 0; j < HF_BN / 8; j++) {
+        const float bx = hf_e8m0((sbw[j].x >> (8 * s)) & 255), by = hf_e8m0((sbw[j].y >> (8 * s)) & 255);
+        tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * bx, tot[4 * j + 0]);
+        tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * by, tot[4 * j + 1]);
+        tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * bx, tot[4 * j + 2]);
+        tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * by, tot[4 * j + 3]);
+    }
+}
+
+// Forward and input gradient: y[M, N] = A[M, Kc] · B_gᵀ for the rows of each group g, for
+// the two recipes (MX = 0: blockwise, MX = 1: MXFP8).
+//   A: the rowwise activations or gradients, FP8 [M, Kc] (tmA, box {128, 128/CL}: with CL = 2
+//      each CTA loads its half of the tile's rows and multicasts it). Its scales, which
+//      the consumers read from global memory a stage ahead (each thread needs its two
+//      rows'):
+//        blockwise: RowScale F32 [ceil(Kc/128), Mr] (sa, ss = Mr = roundup(M, 4));
+//        MXFP8: RowScale E8M0 [Sr, cp] (sa, bytes, ss = cp = roundup(ceil(Kc/32), 4), so
+//        that one 32-bit word holds a row's four codes of a stage): row r of group g has
+//        scale row r when grouped is 0, else 128·P_g + (r − start_g) (package quant's
+//        grouped layout).
+//   B: the K-major weights, FP8 [G, N, Kc] (tmB, box {128, 128, 1}), with scales
+//        blockwise: sb[g·gs + kb·ks + nb·ns] for contraction block kb and output block nb
+//        (forward: w.Scales [G, Kc/128, N/128], ks = N/128, ns = 1; input gradient:
+//        [G, N/128, Kc/128], ks = 1, ns = Kc/128), loaded a stage ahead;
+//        MXFP8: E8M0 [G, ceil(Kc/128), N, 4] (sb): a stage's codes for the tile's columns
+//        are 512 contiguous bytes (N is a multiple of 16), which the producer copies into
+//        the stage's B scale slot with the data.
+// Tiles are dealt as the bf16 forward deals them (hb_pick: each group's row tiles, short
+// groups' tiles spread among the others), round-robin over the persistent grid's clusters;
+// a cluster's CL CTAs take the same rows and CL neighbouring column tiles (a column tile
+// past N loads no B and computes nothing). Every tile runs ceil(Kc/128) stages. A consumer
+// whose 64 rows all lie past its group's end keeps the barrier protocol but issues no
+// wgmma and writes nothing. Rows past the group's end in a tile belong to the next group
+// and are computed but not written; rows past M, columns past N and contraction past Kc
+// read TMA's zeros. Rows past sum(sizes) are zeroed by the tail kernel, launched first.
+template <int TA, int TB, int CL, int MX>
+__device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, const void *sav, int ss, int grouped, void *y,
+                                        const void *sbv, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs,
+                                        i64 *status, int op, int light, int f32) {
     extern __shared__ unsigned char hf_raw[];
     const hf_smem m = hf_carve(hf_raw);
     __shared__ hb_sched sc;
-    __shared__ int bad;
     const int tid = threadIdx.x;
-    const int ntn = (N + HF_BN - 1) / HF_BN;
-    if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, ntn, light, m.tstart, m.lstart, &sc, m.rstart, status, op, m.full, m.empty, HF_STAGES);
-        if (tid == 0) bad = e;
-    }
-    __syncthreads();
-    if (bad) return;
+    const u32 crank = CL > 1 ? hf_cta_rank() : 0;
+    const int ntn = (N + HF_BN - 1) / HF_BN, ntc = (ntn + CL - 1) / CL; // column tiles, per CTA of a cluster
+    if (!hf_begin<CL>(m, &sc, sizes, G, M, ntc, light, status, op, MX)) return;
     const int total = m.tstart[G] + m.lstart[G];
     const int nkb = (Kc + HF_BK - 1) / HF_BK;
+    const int first = blockIdx.x / CL, step = gridDim.x / CL;
+    unsigned char *sbs = (unsigned char *)m.sb; // MXFP8: the B scale slots, 512 bytes a stage
     // Uniform over the warp (see hb_grouped): the branches on it must not look divergent.
     const int wg = __shfl_sync(DL_FULL, tid / 128, 0);
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
-            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-                int local;
-                const int g = hb_pick(&sc, m.tstart, m.lstart, G, tile, &local);
-                const int mtiles = (m.rstart[g + 1] - m.rstart[g] + HF_BM - 1) / HF_BM;
-                const int row0 = m.rstart[g] + (local % mtiles) * HF_BM, n0 = (local / mtiles) * HF_BN;
+            for (int tile = first; tile < total; tile += step) {
+                const hf_ftile t = hf_fwd_tile<CL>(&sc, m, G, tile, crank);
+                const bool hasB = t.n0 < N;
+                const u32 sbytes = MX && hasB ? 4 * min(HF_BN, N - t.n0) : 0;
                 for (int kb = 0; kb < nkb; kb++, it++) {
                     const int st = it % HF_STAGES;
                     const u32 ph = (it / HF_STAGES) & 1;
-                    hb_mbar_wait(&m.empty[st], ph ^ 1);
+                    hf_wait_empty<CL>(&m.empty[st], ph ^ 1);
                     unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
-                    hb_mbar_expect_tx(&m.full[st], HF_STAGE_BYTES);
-                    hb_tma2d(stg, tmA, kb * HF_BK, row0, &m.full[st]);
-                    hb_tma3d(stg + HF_A_BYTES, tmB, kb * HF_BK, n0, g, &m.full[st]);
+                    hb_mbar_expect_tx(&m.full[st], HF_A_BYTES + (hasB ? HF_B_BYTES : 0) + sbytes);
+                    hf_load_a<CL>(stg, tmA, kb * HF_BK, t.row0, crank, &m.full[st]);
+                    if (hasB) hb_tma3d(stg + HF_A_BYTES, tmB, kb * HF_BK, t.n0, t.g, &m.full[st]);
+                    if (sbytes)
+                        hf_bulk(sbs + st * 512, (const unsigned char *)sbv + (((i64)t.g * nkb + kb) * N + t.n0) * 4, sbytes, &m.full[st]);
                 }
             }
         }
@@ -244,99 +444,146 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
 #pragma unroll
         for (int i = 0; i < 64; i++) part[i] = 0.f;
         int it = 0;
-        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-            int local;
-            const int g = hb_pick(&sc, m.tstart, m.lstart, G, tile, &local);
-            const int sz = m.rstart[g + 1] - m.rstart[g];
-            const int mtiles = (sz + HF_BM - 1) / HF_BM;
-            const int mt = local % mtiles, nt = local / mtiles;
-            const int row0 = m.rstart[g] + mt * HF_BM, n0 = nt * HF_BN;
-            const int rows = min(HF_BM, sz - mt * HF_BM);
-            const bool active = c * 64 < rows;
-            const float *sbp = sb + (i64)g * gs + (i64)nt * ns;
-            float sbn = __ldg(sbp);
-            // The rows' A scales, loaded from global memory a stage ahead (rows past Mr: 0).
-            const int ra0 = row0 + c * 64 + r, ra1 = ra0 + 8;
-            float a0n = ra0 < Mr ? __ldg(sa + ra0) : 0.f, a1n = ra1 < Mr ? __ldg(sa + ra1) : 0.f;
+        for (int tile = first; tile < total; tile += step) {
+            const hf_ftile t = hf_fwd_tile<CL>(&sc, m, G, tile, crank);
+            const bool active = c * 64 < t.rows && t.nt < ntn;
+            // The scales of the thread's two rows (and, blockwise, of the tile's columns),
+            // loaded a stage ahead: *n for the next stage. Blockwise rows past Mr and MXFP8
+            // rows past the group's end read nothing.
+            float sbn = 0.f, a0n = 0.f, a1n = 0.f;
+            u32 w0n = 0, w1n = 0;
+            const float *sbp = nullptr, *sa = (const float *)sav;
+            const u32 *w0p = nullptr, *w1p = nullptr;
+            const int ra0 = t.row0 + c * 64 + r, ra1 = ra0 + 8;
+            if constexpr (MX) {
+                const int i0 = t.mt * HF_BM + c * 64 + r, i1 = i0 + 8;
+                const i64 srow = grouped ? (i64)m.pstart[t.g] * HF_BM - m.rstart[t.g] : 0; // scale row − row
+                const unsigned char *sab = (const unsigned char *)sav;
+                if (i0 < t.sz) w0p = (const u32 *)(sab + (srow + ra0) * ss);
+                if (i1 < t.sz) w1p = (const u32 *)(sab + (srow + ra1) * ss);
+                w0n = w0p ? __ldg(w0p) : 0u, w1n = w1p ? __ldg(w1p) : 0u;
+            } else {
+                sbp = (const float *)sbv + (i64)t.g * gs + (i64)t.nt * ns;
+                sbn = t.nt < ntn ? __ldg(sbp) : 0.f;
+                a0n = ra0 < ss ? __ldg(sa + ra0) : 0.f, a1n = ra1 < ss ? __ldg(sa + ra1) : 0.f;
+            }
 #pragma unroll
             for (int i = 0; i < 64; i++) tot[i] = 0.f;
             for (int kb = 0; kb < nkb; kb++, it++) {
                 const int st = it % HF_STAGES;
                 const u32 ph = (it / HF_STAGES) & 1;
                 const float sbk = sbn, a0 = a0n, a1 = a1n;
+                const u32 w0 = w0n, w1 = w1n;
                 if (kb + 1 < nkb) {
-                    sbn = __ldg(sbp + (i64)(kb + 1) * ks);
-                    const float *san = sa + (i64)(kb + 1) * Mr;
-                    a0n = ra0 < Mr ? __ldg(san + ra0) : 0.f;
-                    a1n = ra1 < Mr ? __ldg(san + ra1) : 0.f;
+                    if constexpr (MX) {
+                        w0n = w0p ? __ldg(w0p + kb + 1) : 0u;
+                        w1n = w1p ? __ldg(w1p + kb + 1) : 0u;
+                    } else {
+                        sbn = t.nt < ntn ? __ldg(sbp + (i64)(kb + 1) * ks) : 0.f;
+                        const float *san = sa + (i64)(kb + 1) * ss;
+                        a0n = ra0 < ss ? __ldg(san + ra0) : 0.f;
+                        a1n = ra1 < ss ? __ldg(san + ra1) : 0.f;
+                    }
                 }
                 hb_mbar_wait(&m.full[st], ph);
                 if (!active) {
-                    hb_mbar_arrive(&m.empty[st]);
+                    hf_release<CL>(&m.empty[st], lane, crank);
                     continue;
                 }
                 const unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
-                hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
-                // The stage's data and scales are read: hand it back before promoting.
-                hb_mbar_arrive(&m.empty[st]);
-                const float s0 = a0 * sbk, s1 = a1 * sbk;
+                if constexpr (MX) {
+                    uint2 sbw[HF_BN / 8];
+                    const unsigned char *sw = sbs + st * 512 + 4 * 2 * (lane % 4);
 #pragma unroll
-                for (int j = 0; j < HF_BN / 8; j++) {
-                    tot[4 * j + 0] = fmaf(part[4 * j + 0], s0, tot[4 * j + 0]);
-                    tot[4 * j + 1] = fmaf(part[4 * j + 1], s0, tot[4 * j + 1]);
-                    tot[4 * j + 2] = fmaf(part[4 * j + 2], s1, tot[4 * j + 2]);
-                    tot[4 * j + 3] = fmaf(part[4 * j + 3], s1, tot[4 * j + 3]);
+                    for (int j = 0; j < HF_BN / 8; j++) sbw[j] = *(const uint2 *)(sw + 4 * 8 * j);
+#pragma unroll
+                    for (int sblk = 0; sblk < 4; sblk++) {
+                        hf_mx_step<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, sblk);
+                        if (sblk == 3) hf_release<CL>(&m.empty[st], lane, crank);
+                        hf_mx_promote(tot, part, hf_e8m0((w0 >> (8 * sblk)) & 255), hf_e8m0((w1 >> (8 * sblk)) & 255), sbw, sblk);
+                    }
+                } else {
+                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
+                    // The stage's data is read: hand it back before promoting.
+                    hf_release<CL>(&m.empty[st], lane, crank);
+                    const float s0 = a0 * sbk, s1 = a1 * sbk;
+#pragma unroll
+                    for (int j = 0; j < HF_BN / 8; j++) {
+                        tot[4 * j + 0] = fmaf(part[4 * j + 0], s0, tot[4 * j + 0]);
+                        tot[4 * j + 1] = fmaf(part[4 * j + 1], s0, tot[4 * j + 1]);
+                        tot[4 * j + 2] = fmaf(part[4 * j + 2], s1, tot[4 * j + 2]);
+                        tot[4 * j + 3] = fmaf(part[4 * j + 3], s1, tot[4 * j + 3]);
+                    }
                 }
             }
-            if (active) hf_epilogue(tot, y, (u64)(row0 + c * 64), rows - c * 64, n0, N, w, lane, f32, 0);
+            if (active) hf_epilogue(tot, y, (u64)(t.row0 + c * 64), t.rows - c * 64, t.n0, N, w, lane, f32, 0);
         }
     }
+    if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
 
-// Weight gradient: dw[g] (R×C) = A_g · B_gᵀ, contracting over the tokens of group g.
-//   A: FP8 [R, Mp] (tmA, box {128 tokens, 128 rows}), the columnwise (ColT) form of x (dw
-//      [G, K, N]) or dy ([G, N, K]); its scales F32 [Mp/128, R] (sa).
-//   B: FP8 [C, Mp] (tmB) likewise, the other operand; scales [Mp/128, C] (sb). The
-//   consumers read the scales of their rows and columns from global memory a stage ahead.
+// Weight gradient: dw[g] (R×C) = A_g · B_gᵀ, contracting over the tokens of group g, for the
+// two recipes (MX = 0: blockwise, MX = 1: MXFP8).
+//   A: FP8 [R, Mp] (tmA, box {128 tokens, 128/CL rows}, multicast in a cluster as in the
+//      forward), the columnwise (ColT) form of x (dw [G, K, N]) or dy ([G, N, K]);
+//   B: FP8 [C, Mp] (tmB) likewise, the other operand.
+// Their scales, which the producer copies into the stage's scale slots with the data (the
+// consumers read their two rows' and 32 columns' there before handing the stage back):
+//   blockwise: F32 [Mp/128, R] (sa) and [Mp/128, C] (sb), the scale of row i's block t at
+//   (t, i): a stage's 128 are contiguous (R and C are multiples of 16, so the copies are
+//   16-byte aligned);
+//   MXFP8: E8M0 [Mp/32, sra] (sa) and [Mp/32, srb] (sb), sra = roundup(R, 128) and
+//   srb = roundup(C, 128): a stage's codes are four runs of 128 bytes, one per 32-token
+//   block.
 // Group g's tokens are the 128-token blocks [P_g, P_g + ceil(M_g/128)), P_g =
 // Σ_{h<g} ceil(M_h/128) (hb_setup's tile offsets with one column tile and no light
 // groups); the quantization zeroed the padding tokens of each group's last block, so no
 // masking is needed. Promotion scales element (i, j) by s_a[i]·s_b[j]. Tiles (g, m-tile,
-// n-tile) are dealt round-robin; an empty group's tile writes zeros (accum: nothing). accum
-// adds the result to dw.
-template <int TA, int TB>
-__device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB, const float *sa, const float *sb, void *dw,
-                                         const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32, int accum) {
+// n-tile) are dealt round-robin over the clusters, whose CTAs take the same m-tile and CL
+// neighbouring n-tiles; an empty group's tile writes zeros (accum: nothing). accum adds
+// the result to dw. Scale slots past R or C hold stale values, which only rows and columns
+// that are not written use.
+template <int TA, int TB, int CL, int MX>
+__device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB, const void *sa, int sra, const void *sb, int srb,
+                                         void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32,
+                                         int accum) {
     extern __shared__ unsigned char hf_raw[];
     const hf_smem m = hf_carve(hf_raw);
     __shared__ hb_sched sc;
-    __shared__ int bad;
     const int tid = threadIdx.x;
-    if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, 1, 0, m.tstart, m.lstart, &sc, m.rstart, status, op, m.full, m.empty, HF_STAGES);
-        if (tid == 0) bad = e;
-    }
-    __syncthreads();
-    if (bad) return;
-    const int tm = (R + HF_BM - 1) / HF_BM, tn = (C + HF_BN - 1) / HF_BN;
-    const int total = G * tm * tn;
+    const u32 crank = CL > 1 ? hf_cta_rank() : 0;
+    if (!hf_begin<CL>(m, &sc, sizes, G, M, 1, 0, status, op, false)) return;
+    const int tm = (R + HF_BM - 1) / HF_BM, tn = (C + HF_BN - 1) / HF_BN, tnc = (tn + CL - 1) / CL;
+    const int total = G * tm * tnc;
+    const int first = blockIdx.x / CL, step = gridDim.x / CL;
+    unsigned char *sas = (unsigned char *)m.sa, *sbs = (unsigned char *)m.sb; // 512 bytes a stage each
     const int wg = __shfl_sync(DL_FULL, tid / 128, 0);
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
-            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-                const int g = tile / (tm * tn), local = tile % (tm * tn);
-                const int m0 = (local % tm) * HF_BM, n0 = (local / tm) * HF_BN;
-                const int p0 = m.tstart[g], nkb = m.tstart[g + 1] - p0;
-                for (int kb = 0; kb < nkb; kb++, it++) {
+            for (int tile = first; tile < total; tile += step) {
+                const hf_wtile t = hf_wg_tile<CL>(m, tile, tm, tnc, crank);
+                // Scale bytes per run: MXFP8 one code per row (four runs), blockwise one f32.
+                const u32 ab = (MX ? 1 : 4) * min(HF_BM, R - t.m0), bb = t.n0 < C ? (MX ? 1 : 4) * min(HF_BN, C - t.n0) : 0;
+                const u32 runs = MX ? 4 : 1;
+                for (int kb = 0; kb < t.nkb; kb++, it++) {
                     const int st = it % HF_STAGES;
                     const u32 ph = (it / HF_STAGES) & 1;
-                    hb_mbar_wait(&m.empty[st], ph ^ 1);
+                    hf_wait_empty<CL>(&m.empty[st], ph ^ 1);
                     unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
-                    hb_mbar_expect_tx(&m.full[st], HF_STAGE_BYTES);
-                    hb_tma2d(stg, tmA, (p0 + kb) * HF_BK, m0, &m.full[st]);
-                    hb_tma2d(stg + HF_A_BYTES, tmB, (p0 + kb) * HF_BK, n0, &m.full[st]);
+                    // A column tile past C (the odd one of a cluster) loads no B.
+                    hb_mbar_expect_tx(&m.full[st], HF_A_BYTES + runs * ab + (bb ? HF_B_BYTES + runs * bb : 0));
+                    const int p = (t.p0 + kb) * HF_BK;
+                    hf_load_a<CL>(stg, tmA, p, t.m0, crank, &m.full[st]);
+                    if (bb) hb_tma2d(stg + HF_A_BYTES, tmB, p, t.n0, &m.full[st]);
+                    for (u32 q = 0; q < runs; q++) {
+                        // The run's first scale: token block (t.p0 + kb)·runs + q of the operand's.
+                        const i64 blk = (i64)(t.p0 + kb) * runs + q;
+                        hf_bulk(sas + st * 512 + q * 128, (const unsigned char *)sa + (blk * sra + t.m0) * (MX ? 1 : 4), ab, &m.full[st]);
+                        if (bb)
+                            hf_bulk(sbs + st * 512 + q * 128, (const unsigned char *)sb + (blk * srb + t.n0) * (MX ? 1 : 4), bb, &m.full[st]);
+                    }
                 }
             }
         }
@@ -349,98 +596,130 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 #pragma unroll
         for (int i = 0; i < 64; i++) part[i] = 0.f;
         int it = 0;
-        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-            const int g = tile / (tm * tn), local = tile % (tm * tn);
-            const int m0 = (local % tm) * HF_BM, n0 = (local / tm) * HF_BN;
-            const int p0 = m.tstart[g], nkb = m.tstart[g + 1] - p0;
-            if (nkb == 0 && accum) continue;
-            const bool active = m0 + c * 64 < R;
-            // The scales of the thread's two rows and 32 columns, loaded from global memory
-            // a stage ahead (rows past R and columns past C: 0).
-            const int ra0 = m0 + c * 64 + r, ra1 = ra0 + 8;
-            float sa0n = 0.f, sa1n = 0.f;
-            float2 sbn[HF_BN / 8];
-            if (nkb > 0) {
-                const float *sap = sa + (i64)p0 * R, *sbp = sb + (i64)p0 * C;
-                sa0n = ra0 < R ? __ldg(sap + ra0) : 0.f;
-                sa1n = ra1 < R ? __ldg(sap + ra1) : 0.f;
-#pragma unroll
-                for (int j = 0; j < HF_BN / 8; j++) {
-                    const int cj = n0 + 8 * j + 2 * (lane % 4);
-                    sbn[j] = cj < C ? __ldg((const float2 *)(sbp + cj)) : make_float2(0.f, 0.f);
-                }
-            }
+        for (int tile = first; tile < total; tile += step) {
+            const hf_wtile t = hf_wg_tile<CL>(m, tile, tm, tnc, crank);
+            if (t.nkb == 0 && accum) continue;
+            const bool active = t.m0 + c * 64 < R && t.n0 < C;
 #pragma unroll
             for (int i = 0; i < 64; i++) tot[i] = 0.f;
-            for (int kb = 0; kb < nkb; kb++, it++) {
+            for (int kb = 0; kb < t.nkb; kb++, it++) {
                 const int st = it % HF_STAGES;
                 const u32 ph = (it / HF_STAGES) & 1;
-                const float sa0 = sa0n, sa1 = sa1n;
-                float2 sbv[HF_BN / 8];
-#pragma unroll
-                for (int j = 0; j < HF_BN / 8; j++) sbv[j] = sbn[j];
-                if (kb + 1 < nkb) {
-                    const float *sap = sa + (i64)(p0 + kb + 1) * R, *sbp = sb + (i64)(p0 + kb + 1) * C;
-                    sa0n = ra0 < R ? __ldg(sap + ra0) : 0.f;
-                    sa1n = ra1 < R ? __ldg(sap + ra1) : 0.f;
-#pragma unroll
-                    for (int j = 0; j < HF_BN / 8; j++) {
-                        const int cj = n0 + 8 * j + 2 * (lane % 4);
-                        sbn[j] = cj < C ? __ldg((const float2 *)(sbp + cj)) : make_float2(0.f, 0.f);
-                    }
-                }
                 hb_mbar_wait(&m.full[st], ph);
                 if (!active) {
-                    hb_mbar_arrive(&m.empty[st]);
+                    hf_release<CL>(&m.empty[st], lane, crank);
                     continue;
                 }
                 const unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
-                hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
-                hb_mbar_arrive(&m.empty[st]);
+                if constexpr (MX) {
+                    // The codes of the thread's two rows and 32 columns, gathered as
+                    // hf_mx_promote reads them (byte q: block q).
+                    const unsigned char *ssa = sas + st * 512 + c * 64 + r, *ssb = sbs + st * 512 + 2 * (lane % 4);
+                    u32 w0 = 0, w1 = 0;
+                    uint2 sbw[HF_BN / 8];
 #pragma unroll
-                for (int j = 0; j < HF_BN / 8; j++) {
-                    tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sbv[j].x, tot[4 * j + 0]);
-                    tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sbv[j].y, tot[4 * j + 1]);
-                    tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sbv[j].x, tot[4 * j + 2]);
-                    tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sbv[j].y, tot[4 * j + 3]);
+                    for (int j = 0; j < HF_BN / 8; j++) sbw[j] = make_uint2(0, 0);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        w0 |= (u32)ssa[q * 128] << (8 * q);
+                        w1 |= (u32)ssa[q * 128 + 8] << (8 * q);
+#pragma unroll
+                        for (int j = 0; j < HF_BN / 8; j++) {
+                            const u32 v = *(const unsigned short *)(ssb + q * 128 + 8 * j);
+                            sbw[j].x |= (v & 255) << (8 * q);
+                            sbw[j].y |= (v >> 8) << (8 * q);
+                        }
+                    }
+#pragma unroll
+                    for (int sblk = 0; sblk < 4; sblk++) {
+                        hf_mx_step<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, sblk);
+                        if (sblk == 3) hf_release<CL>(&m.empty[st], lane, crank);
+                        hf_mx_promote(tot, part, hf_e8m0((w0 >> (8 * sblk)) & 255), hf_e8m0((w1 >> (8 * sblk)) & 255), sbw, sblk);
+                    }
+                } else {
+                    const float *ssa = (const float *)m.sa + st * HF_BM + c * 64 + r,
+                                *ssb = (const float *)m.sb + st * HF_BN + 2 * (lane % 4);
+                    const float sa0 = ssa[0], sa1 = ssa[8];
+                    float2 sbf[HF_BN / 8];
+#pragma unroll
+                    for (int j = 0; j < HF_BN / 8; j++) sbf[j] = *(const float2 *)(ssb + 8 * j);
+                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
+                    hf_release<CL>(&m.empty[st], lane, crank);
+#pragma unroll
+                    for (int j = 0; j < HF_BN / 8; j++) {
+                        tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sbf[j].x, tot[4 * j + 0]);
+                        tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sbf[j].y, tot[4 * j + 1]);
+                        tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sbf[j].x, tot[4 * j + 2]);
+                        tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sbf[j].y, tot[4 * j + 3]);
+                    }
                 }
             }
-            if (active) hf_epilogue(tot, dw, (u64)g * R + m0 + c * 64, R - m0 - c * 64, n0, C, w, lane, f32, accum);
+            if (active) hf_epilogue(tot, dw, (u64)t.g * R + t.m0 + c * 64, R - t.m0 - c * 64, t.n0, C, w, lane, f32, accum);
         }
     }
+    if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
 
-#define HF_BODY(TA, TB) hf_gemm<TA, TB>(&tmA, &tmB, sa, Mr, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
-#define HF_WBODY(TA, TB) hf_wgrad<TA, TB>(&tmA, &tmB, sa, sb, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_BODY(TA, TB, CL) hf_gemm<TA, TB, CL, 0>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
+#define HF_WBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 0>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, f32);
+#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, f32, acc);
 #else
-#define HF_BODY(TA, TB)
-#define HF_WBODY(TA, TB)
+#define HF_BODY(TA, TB, CL)
+#define HF_WBODY(TA, TB, CL)
+#define HF_MXBODY(TA, TB, CL)
+#define HF_MXWBODY(TA, TB, CL)
 #endif
 
 // Forward and input gradient, A of element type TA and B of TB (0 E4M3, 1 E5M2); f32
-// selects f32 output (else bf16).
-#define HF_KERNEL(NAME, TA, TB)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                                        \
+// selects f32 output (else bf16). The _x2 kernels run in clusters of two CTAs (CL = 2); the
+// grid must then be even and its clusters must all fit on the device at once (the grid is
+// persistent).
+#define HF_KERNEL(NAME, TA, TB, CL, ATTR)                                                                                        \
+    extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, int Mr, void *y,         \
              const float *sb, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs, i64 *status, int op,         \
              int light, int f32) {                                                                                               \
-        HF_BODY(TA, TB)                                                                                                          \
+        HF_BODY(TA, TB, CL)                                                                                                      \
     }
-
-HF_KERNEL(dl_hopper_fp8_e4m3_e4m3, 0, 0)
-HF_KERNEL(dl_hopper_fp8_e4m3_e5m2, 0, 1)
-HF_KERNEL(dl_hopper_fp8_e5m2_e4m3, 1, 0)
-HF_KERNEL(dl_hopper_fp8_e5m2_e5m2, 1, 1)
 
 // Weight gradient, A of element type TA and B of TB; f32 output else bf16; acc adds.
-#define HF_WKERNEL(NAME, TA, TB)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                                        \
+#define HF_WKERNEL(NAME, TA, TB, CL, ATTR)                                                                                       \
+    extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, const float *sb,         \
              void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32, int acc) {                     \
-        HF_WBODY(TA, TB)                                                                                                         \
+        HF_WBODY(TA, TB, CL)                                                                                                     \
     }
 
-HF_WKERNEL(dl_hopper_fp8_wgrad_e4m3_e4m3, 0, 0)
-HF_WKERNEL(dl_hopper_fp8_wgrad_e4m3_e5m2, 0, 1)
-HF_WKERNEL(dl_hopper_fp8_wgrad_e5m2_e4m3, 1, 0)
-HF_WKERNEL(dl_hopper_fp8_wgrad_e5m2_e5m2, 1, 1)
+// MXFP8 forward and input gradient, and weight gradient (E8M0 scales as bytes).
+#define HF_MXKERNEL(NAME, TA, TB, CL, ATTR)                                                                                      \
+    extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
+        NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const unsigned char *sa, int cp,          \
+             int grouped, void *y, const unsigned char *sb, const int *sizes, int G, int M, int N, int Kc, i64 *status, int op,   \
+             int light, int f32) {                                                                                               \
+        HF_MXBODY(TA, TB, CL)                                                                                                    \
+    }
+#define HF_MXWKERNEL(NAME, TA, TB, CL, ATTR)                                                                                     \
+    extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
+        NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const unsigned char *sa, int ka,          \
+             const unsigned char *sb, int kbs, void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op,       \
+             int f32, int acc) {                                                                                                 \
+        HF_MXWBODY(TA, TB, CL)                                                                                                   \
+    }
+
+#define HF_ONE
+#define HF_TWO __cluster_dims__(2, 1, 1)
+#define HF_KERNELS(A, B, TA, TB)                                                                                                  \
+    HF_KERNEL(dl_hopper_fp8_##A##_##B, TA, TB, 1, HF_ONE)                                                                         \
+    HF_KERNEL(dl_hopper_fp8_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                                      \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_##A##_##B, TA, TB, 1, HF_ONE)                                                                  \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                              \
+    HF_MXKERNEL(dl_hopper_mx_##A##_##B, TA, TB, 1, HF_ONE)                                                                        \
+    HF_MXKERNEL(dl_hopper_mx_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                                     \
+    HF_MXWKERNEL(dl_hopper_mx_wgrad_##A##_##B, TA, TB, 1, HF_ONE)                                                                 \
+    HF_MXWKERNEL(dl_hopper_mx_wgrad_x2_##A##_##B, TA, TB, 2, HF_TWO)
+
+HF_KERNELS(e4m3, e4m3, 0, 0)
+HF_KERNELS(e4m3, e5m2, 0, 1)
+HF_KERNELS(e5m2, e4m3, 1, 0)
+HF_KERNELS(e5m2, e5m2, 1, 1)

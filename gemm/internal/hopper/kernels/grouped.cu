@@ -156,10 +156,11 @@ struct hb_sched {
 // block: tstart for the heavy groups, lstart for the light ones, with sc the schedule's
 // constants), 32 groups at a time with warp shuffles, records the first invalid size in
 // status (block 0 only; null: none) as an error of op and initializes the S-stage barrier
-// ring. It returns, in every lane, the error code: 0, 1 (a negative size) or 2 (sizes sum
-// past M).
+// ring (full: one arrival and the transaction bytes; empty: ecount arrivals). It returns,
+// in every lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
 __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int *tstart, int *lstart,
-                                        hb_sched *sc, int *rstart, i64 *status, int op, u64 *full, u64 *empty, int S) {
+                                        hb_sched *sc, int *rstart, i64 *status, int op, u64 *full, u64 *empty, int S,
+                                        int ecount) {
     const int lane = threadIdx.x & 31;
     long long r = 0;
     int t = 0, l = 0, err = 0, eg = 0;
@@ -209,7 +210,7 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
         if (err && blockIdx.x == 0) dl_status_set(status, DL_STATUS_CODE(HB_STATUS_DOMAIN, op, err), eg, ev, M);
         for (int s = 0; s < S; s++) {
             hb_mbar_init(&full[s], 1);
-            hb_mbar_init(&empty[s], 256);
+            hb_mbar_init(&empty[s], ecount);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -260,7 +261,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, op, full, empty, HB_STAGES);
+        const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, op, full, empty, HB_STAGES, 256);
         if (tid == 0) {
             bad = e;
             for (int i = 0; i < HB_TQ; i++) hb_mbar_init(&tbar[i], 1), hb_mbar_init(&tbar[HB_TQ + i], 256);
@@ -415,7 +416,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     __shared__ int bad;
     const int tid = threadIdx.x;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, 0, 0, nullptr, nullptr, nullptr, rstart, status, op, full, empty, S);
+        const int e = hb_setup(sizes, G, M, 0, 0, nullptr, nullptr, nullptr, rstart, status, op, full, empty, S, 256);
         if (tid == 0) bad = e;
     }
     __syncthreads();
