@@ -1,6 +1,7 @@
 package gemm_test
 
 import (
+	"math"
 	"testing"
 
 	"github.com/dropless/dropless/device"
@@ -181,6 +182,67 @@ func fp8BenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case, fam 
 	dt.NoErr(b, ts.Err())
 	call := func() error { return fp8Call(fam, f, s, out, x, dy, w, sizes, nil) }
 	timeCalls(b, s, 2*float64(M)*float64(K)*float64(N), call)
+	b.ReportMetric(fp8RelErr(b, fam, f, s, x, dy, w, sizes, bc), "relerr")
+}
+
+// fp8RelErr returns the relative Frobenius error of family fam's form f on the quantized
+// operands of case bc, with f32 output, against the f32 form on the operands dequantized
+// exactly (the CPU path's reference, computed on s's device).
+func fp8RelErr(b *testing.B, fam family, f form, s *device.Stream, x, dy, w quantized, sizes *device.Tensor, bc baseline.Case) float64 {
+	G, M, K, N := bc.G, bc.M, bc.K, bc.N
+	ts := device.NewTemps(s)
+	defer ts.Free()
+	deq := func(q quantized, cols int, dir quant.Direction) *device.Tensor {
+		t := ts.Alloc(device.F32, M, cols)
+		dt.NoErr(b, ts.Err())
+		switch q := q.(type) {
+		case *quant.MXFP8:
+			dt.NoErr(b, quant.Dequantize(s, t, q, dir))
+		case *quant.Blockwise:
+			dt.NoErr(b, quant.DequantizeBlockwise(s, t, q, dir))
+		}
+		return t
+	}
+	deqW := func(kMajor bool) *device.Tensor {
+		t := ts.Alloc(device.F32, G, K, N)
+		dt.NoErr(b, ts.Err())
+		switch q := w.(type) {
+		case *quant.MXFP8Weights:
+			dt.NoErr(b, quant.DequantizeMXFP8Weights(s, t, q, kMajor))
+		case *quant.BlockwiseWeights:
+			dt.NoErr(b, quant.DequantizeWeights(s, t, q))
+		}
+		return t
+	}
+	shape := []int{M, N}
+	switch f {
+	case dgrad:
+		shape = []int{M, K}
+	case wgrad:
+		shape = []int{G, K, N}
+	}
+	got, want := ts.Alloc(device.F32, shape...), ts.Alloc(device.F32, shape...)
+	dt.NoErr(b, ts.Err())
+	dt.NoErr(b, fp8Call(fam, f, s, got, x, dy, w, sizes, nil))
+	switch f {
+	case fwd:
+		dt.NoErr(b, gemm.RaggedDot(s, want, deq(x, K, quant.Rowwise), deqW(true), sizes, nil))
+	case dgrad:
+		dt.NoErr(b, gemm.RaggedDotInputGrad(s, want, deq(x, N, quant.Rowwise), deqW(false), sizes, nil))
+	default:
+		dt.NoErr(b, gemm.RaggedDotWeightGrad(s, want, deq(x, K, quant.Columnwise), deq(dy, N, quant.Columnwise), sizes, nil))
+	}
+	g, r := dt.Must(got.Float32s(s)), dt.Must(want.Float32s(s))
+	var num, den float64
+	for i, v := range r {
+		d := float64(g[i]) - float64(v)
+		num += d * d
+		den += float64(v) * float64(v)
+	}
+	if den == 0 {
+		return 0
+	}
+	return math.Sqrt(num / den)
 }
 
 // benchQuantize quantizes src with family fam to E4M3 (blockwise: f32 scales; MXFP8:
