@@ -7,6 +7,7 @@ import (
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/ep"
+	"github.com/dropless/dropless/quant"
 )
 
 func errOf[T any](_ T, err error) error { return err }
@@ -49,6 +50,11 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) alloc(d device.DType, shape ...int) *device.Tensor {
 	return dt.Must(f.s.Alloc(d, shape...))
+}
+
+// mx returns the MXFP8 quantization of an F32 [m, fxH] tensor with opt.
+func (f *fixture) mx(m int, opt quant.Options) *quant.MXFP8 {
+	return dt.Must(quant.Quantize(f.s, f.alloc(device.F32, m, fxH), opt))
 }
 
 // freed returns a tensor that has been freed.
@@ -140,6 +146,67 @@ func TestBadArgs(t *testing.T) {
 		{"Dispatch/weights dtype", func(f *fixture) error { return errOf(f.l.Dispatch(f.s, f.x, f.alloc(bf16, fxT, fxK))) }, []string{"Dispatch: weights is bf16[2 2]"}},
 		{"Dispatch/freed weights", func(f *fixture) error { return errOf(f.l.Dispatch(f.s, f.x, f.freed(f32, fxT, fxK))) }, []string{"Dispatch: weights", "freed"}},
 
+		// DispatchMXFP8.
+		{"DispatchMXFP8/nil layout", func(f *fixture) error {
+			return errOf((*ep.Layout)(nil).DispatchMXFP8(f.s, f.mx(fxT, quant.Options{}), nil))
+		}, []string{"DispatchMXFP8", "nil Layout"}},
+		{"DispatchMXFP8/nil stream", func(f *fixture) error { return errOf(f.l.DispatchMXFP8(nilStream, f.mx(fxT, quant.Options{}), nil)) }, []string{"DispatchMXFP8", "nil stream"}},
+		{"DispatchMXFP8/nil q", func(f *fixture) error { return errOf(f.l.DispatchMXFP8(f.s, nil, nil)) }, []string{"DispatchMXFP8: q is nil"}},
+		{"DispatchMXFP8/columnwise q", func(f *fixture) error {
+			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{Dir: quant.Columnwise}), nil))
+		}, []string{"DispatchMXFP8: q.Dir is columnwise", "rowwise form"}},
+		{"DispatchMXFP8/no Row", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.Row = nil
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q has no rowwise form"}},
+		{"DispatchMXFP8/swizzled", func(f *fixture) error {
+			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{Swizzle: true}), nil))
+		}, []string{"DispatchMXFP8: q has swizzled scales"}},
+		{"DispatchMXFP8/grouped", func(f *fixture) error {
+			gs := dt.Must(device.FromSlice(f.s, device.I32, []int32{fxT}, 1))
+			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{GroupSizes: gs}), nil))
+		}, []string{"DispatchMXFP8: q has a grouped layout (1 groups)"}},
+		{"DispatchMXFP8/q.M", func(f *fixture) error { return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT+1, quant.Options{}), nil)) }, []string{"DispatchMXFP8: q.M is 3", "2 tokens"}},
+		{"DispatchMXFP8/q.K", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.K++
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.Row is e4m3[2 4]", "want e4m3[2 5]"}},
+		{"DispatchMXFP8/q.Format", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.Format = 7
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.Format is Format(7)", "E4M3 or E5M2"}},
+		{"DispatchMXFP8/q.Mode", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.Mode = 9
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.Mode is", "RCEIL or FLOOR"}},
+		{"DispatchMXFP8/format not Row's", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.Format = quant.E5M2
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.Row is e4m3[2 4]", "want e5m2[2 4]"}},
+		{"DispatchMXFP8/RowScale shape", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.RowScale = f.alloc(device.E8M0, 128, 8)
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.RowScale is e8m0[128 8]", "want e8m0[128 4]"}},
+		{"DispatchMXFP8/RowScale dtype", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.RowScale = f.alloc(device.E4M3, 128, 4)
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.RowScale is e4m3[128 4]"}},
+		{"DispatchMXFP8/freed Row", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.Row.Free()
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.Row", "freed"}},
+		{"DispatchMXFP8/weights shape", func(f *fixture) error {
+			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{}), f.alloc(f32, fxT, fxK+1)))
+		}, []string{"DispatchMXFP8: weights is f32[2 3]", "want f32[2 2]"}},
+
 		// Combine.
 		{"Combine/nil layout", func(f *fixture) error { return errOf((*ep.Layout)(nil).Combine(f.s, f.y, nil)) }, []string{"Combine", "nil Layout"}},
 		{"Combine/freed layout", func(f *fixture) error { return errOf(f.freedLayout().Combine(f.s, f.y, nil)) }, []string{"Combine", "layout was freed"}},
@@ -230,8 +297,9 @@ func TestBadArgs(t *testing.T) {
 // TestFreeNil: freeing what a failed op returned (nil) is a no-op.
 func TestFreeNil(t *testing.T) {
 	for name, free := range map[string]func() error{
-		"Dispatched.Free": (*ep.Dispatched)(nil).Free,
-		"Layout.Free":     (*ep.Layout)(nil).Free,
+		"Dispatched.Free":      (*ep.Dispatched)(nil).Free,
+		"DispatchedMXFP8.Free": (*ep.DispatchedMXFP8)(nil).Free,
+		"Layout.Free":          (*ep.Layout)(nil).Free,
 	} {
 		if err := noPanic(free); err != nil {
 			t.Errorf("%s of nil: %v", name, err)

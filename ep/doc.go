@@ -23,6 +23,13 @@
 // 0, then 1, ...; within an expert by source rank, token, k), ready for a ragged matrix
 // product with the group sizes Layout.Counts. The routing weights travel with it.
 //
+// Layout.DispatchMXFP8 does the same for rows quantized to MXFP8 (quant.Quantize without
+// groups, rowwise, plain scales): each row's FP8 elements and its scale row move in the
+// one exchange, beside the weights, and arrive as a quant.MXFP8 of Capacity rows in
+// quant's ungrouped rowwise layout, for an MXFP8 ragged matrix product with the same
+// group sizes. A rowwise block lies within a row, so this is bit-identical to
+// dispatching the bf16 rows and quantizing after, and moves about half the bytes.
+//
 // Layout.Combine multiplies each expert output by its weight and sums them per token on
 // the expert's rank, sends each (token, rank) partial sum back once, and adds the
 // partial sums on the token's rank in rank order, in float32. Every sum has a fixed

@@ -185,8 +185,8 @@ func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatc
 			return nil, err
 		}
 	}
-	err = l.dispatch(s, "Dispatch", "x", x, weights, func(src, srcW, rowMap, slot *device.Tensor) error {
-		return l.g.be.replicate(s, X, W, src, srcW, rowMap, slot)
+	err = l.dispatch(s, "Dispatch", []string{"x"}, []*device.Tensor{x}, weights, func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
+		return l.g.be.replicate(s, X, W, src[0], srcW, rowMap, slot)
 	})
 	if err != nil {
 		X.Free()
@@ -241,8 +241,8 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 			return nil, nil, err
 		}
 	}
-	err = l.dispatch(s, "CombineBackward", "dout", dout, nil, func(src, _, rowMap, slot *device.Tensor) error {
-		return l.g.be.replicateScaled(s, dy, dw, src, rowMap, slot, w, y)
+	err = l.dispatch(s, "CombineBackward", []string{"dout"}, []*device.Tensor{dout}, nil, func(src []*device.Tensor, _, rowMap, slot *device.Tensor) error {
+		return l.g.be.replicateScaled(s, dy, dw, src[0], rowMap, slot, w, y)
 	})
 	if err != nil {
 		dy.Free()
@@ -254,17 +254,22 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 	return dy, dw, nil
 }
 
-// dispatch moves x (and weights) to the ranks of each token and calls place for each
-// piece that has arrived: src holds the piece's rows (the rows rowMap names, or all of
-// them when rowMap is nil), srcW their weights, slot their [rows, K] expert-major slots.
-// Rows a rank sends to itself are placed from x directly. op is the calling op and
-// xName its name for x.
-func (l *Layout) dispatch(s *device.Stream, op, xName string, x, weights *device.Tensor, place func(src, srcW, rowMap, slot *device.Tensor) error) error {
+// dispatch moves the rows of xs (tensors of T rows each, of any dtypes and widths) and
+// weights to the ranks of each token and calls place for each piece that has arrived:
+// src holds the piece's rows of each of xs (the rows rowMap names, or all of them when
+// rowMap is nil), srcW their weights, slot their [rows, K] expert-major slots. Rows a
+// rank sends to itself are placed from xs directly. op is the calling op and names the
+// names of xs.
+func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*device.Tensor, weights *device.Tensor,
+	place func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error) error {
 	g := l.g
-	R, r, K, H := g.r, g.rank, g.k, x.Dim(1)
+	R, r, K, nx := g.r, g.rank, g.k, len(xs)
 	tmp := device.NewTemps(s)
 	defer tmp.Free()
-	specs := []bufSpec{{x.DType(), H}}
+	var specs []bufSpec
+	for _, x := range xs {
+		specs = append(specs, bufSpec{x.DType(), x.Dim(1)})
+	}
 	if weights != nil {
 		specs = append(specs, bufSpec{device.F32, K})
 	}
@@ -273,24 +278,28 @@ func (l *Layout) dispatch(s *device.Stream, op, xName string, x, weights *device
 	if err != nil {
 		return err
 	}
-	xf.op, xf.names = op, []string{xName, "weights"}[:len(specs)]
+	xf.op, xf.names = op, append(append([]string(nil), names...), "weights")[:len(specs)]
 	C := g.chunks() // once buffers has decided on direct transfers
-	recvX := xf.recv[0]
 	var recvW *device.Tensor
 	if weights != nil {
-		recvW = xf.recv[1]
+		recvW = xf.recv[nx]
 	}
 	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		m := rows(l.sendTok, l.sendOff[p]+lo, l.sendOff[p]+hi)
-		if err := g.be.gather(st, dst[0], x, m); err != nil || weights == nil {
-			return err
+		for i, x := range xs {
+			if err := g.be.gather(st, dst[i], x, m); err != nil {
+				return err
+			}
 		}
-		return g.be.gather(st, dst[1], weights, m)
+		if weights == nil {
+			return nil
+		}
+		return g.be.gather(st, dst[nx], weights, m)
 	}, func() error {
-		// What this rank routes to itself, straight from x, while the transfers run.
+		// What this rank routes to itself, straight from xs, while the transfers run.
 		if n := l.tokTo[r]; n > 0 {
 			m := rows(l.sendTok, l.sendOff[r], l.sendOff[r]+n)
-			if err := place(x, weights, m, rows(l.slot, l.recvOff[r], l.recvOff[r]+n)); err != nil {
+			if err := place(xs, weights, m, rows(l.slot, l.recvOff[r], l.recvOff[r]+n)); err != nil {
 				return err
 			}
 		}
@@ -298,6 +307,7 @@ func (l *Layout) dispatch(s *device.Stream, op, xName string, x, weights *device
 		return nil
 	}, func(c int) error {
 		// Place each piece as it arrives.
+		src := make([]*device.Tensor, nx)
 		for p := range R {
 			if p == r {
 				continue
@@ -306,8 +316,10 @@ func (l *Layout) dispatch(s *device.Stream, op, xName string, x, weights *device
 			if hi == lo {
 				continue
 			}
-			err := place(rows(recvX, cro[p]+lo, cro[p]+hi), optRows(recvW, cro[p]+lo, cro[p]+hi), nil,
-				rows(l.slot, l.recvOff[p]+lo, l.recvOff[p]+hi))
+			for i := range src {
+				src[i] = rows(xf.recv[i], cro[p]+lo, cro[p]+hi)
+			}
+			err := place(src, optRows(recvW, cro[p]+lo, cro[p]+hi), nil, rows(l.slot, l.recvOff[p]+lo, l.recvOff[p]+hi))
 			if err != nil {
 				return err
 			}
