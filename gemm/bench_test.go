@@ -1,6 +1,7 @@
 package gemm_test
 
 import (
+	"flag"
 	"math"
 	"testing"
 
@@ -182,8 +183,14 @@ func fp8BenchCall(b *testing.B, d *device.Device, f form, bc baseline.Case, fam 
 	dt.NoErr(b, ts.Err())
 	call := func() error { return fp8Call(fam, f, s, out, x, dy, w, sizes, nil) }
 	timeCalls(b, s, 2*float64(M)*float64(K)*float64(N), call)
-	b.ReportMetric(fp8RelErr(b, fam, f, s, x, dy, w, sizes, bc), "relerr")
+	if *benchRelErr {
+		b.ReportMetric(fp8RelErr(b, fam, f, s, x, dy, w, sizes, bc), "relerr")
+	}
 }
+
+// benchRelErr makes the FP8 benchmarks also report each case's error (fp8RelErr), at the
+// cost of an f32 product and two downloads per case.
+var benchRelErr = flag.Bool("gemm.relerr", false, "FP8 benchmarks: also report each case's relative Frobenius error against the f32 form on the dequantized operands")
 
 // fp8RelErr returns the relative Frobenius error of family fam's form f on the quantized
 // operands of case bc, with f32 output, against the f32 form on the operands dequantized
@@ -232,12 +239,17 @@ func fp8RelErr(b *testing.B, fam family, f form, s *device.Stream, x, dy, w quan
 	default:
 		dt.NoErr(b, gemm.RaggedDotWeightGrad(s, want, deq(x, K, quant.Columnwise), deq(dy, N, quant.Columnwise), sizes, nil))
 	}
-	g, r := dt.Must(got.Float32s(s)), dt.Must(want.Float32s(s))
+	// Both outputs, 1<<26 elements at a time (some are several GB).
 	var num, den float64
-	for i, v := range r {
-		d := float64(g[i]) - float64(v)
-		num += d * d
-		den += float64(v) * float64(v)
+	for off, n := 0, got.Len(); off < n; off += 1 << 26 {
+		c := min(1<<26, n-off)
+		g := dt.Must(dt.Must(got.View(off, c)).Float32s(s))
+		r := dt.Must(dt.Must(want.View(off, c)).Float32s(s))
+		for i, v := range r {
+			d := float64(g[i]) - float64(v)
+			num += d * d
+			den += float64(v) * float64(v)
+		}
 	}
 	if den == 0 {
 		return 0
