@@ -45,14 +45,7 @@ func with[Q any](q *Q, edit func(q *Q)) *Q {
 func TestBlockwiseBadArgs(t *testing.T) {
 	s := device.CPU().Stream()
 	v := newBlockArgs(s)
-	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed := func(typ device.DType, shape ...int) *device.Tensor {
-		f := al(typ, shape...)
-		dt.NoErr(t, f.Free())
-		return f
-	}
-	freedStatus := dt.Must(device.NewStatus(s))
-	dt.NoErr(t, freedStatus.Free())
+	al, freed, freedStatus := fp8BadKit(t, s)
 	r := dt.Rand(2)
 	x16 := blockwise(s, e4m3F32, dt.Normal(r, 10*16, 1), 10, 16, []int32{4, 6})    // K=16
 	dy3 := blockwise(s, e4m3F32, dt.Normal(r, 10*48, 1), 10, 48, []int32{3, 3, 4}) // 3 groups
@@ -138,4 +131,18 @@ func TestBlockwiseOtherDevice(t *testing.T) {
 		dt.WantErrorNaming(t, func() error { return gemm.RaggedDotBlockwise(s, v.y, v.x, cpu.w, v.sizes, nil) }, "w.KMajor")
 		dt.WantErrorNaming(t, func() error { return gemm.RaggedDotBlockwiseWeightGrad(s, v.dw, v.x, cpu.dy, v.sizes, nil) }, "dy.ColT")
 	})
+}
+
+// fp8BadKit returns what the FP8 forms' bad-argument tables build their arguments from, on
+// s: al allocates a tensor, freed allocates and frees one, freedStatus is a freed Status.
+func fp8BadKit(t *testing.T, s *device.Stream) (al, freed func(typ device.DType, shape ...int) *device.Tensor, freedStatus *device.Status) {
+	al = func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
+	freed = func(typ device.DType, shape ...int) *device.Tensor {
+		f := al(typ, shape...)
+		dt.NoErr(t, f.Free())
+		return f
+	}
+	freedStatus = dt.Must(device.NewStatus(s))
+	dt.NoErr(t, freedStatus.Free())
+	return al, freed, freedStatus
 }

@@ -39,14 +39,7 @@ func newMXArgs(s *device.Stream) *mxArgs {
 func TestMXFP8BadArgs(t *testing.T) {
 	s := device.CPU().Stream()
 	v := newMXArgs(s)
-	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed := func(typ device.DType, shape ...int) *device.Tensor {
-		f := al(typ, shape...)
-		dt.NoErr(t, f.Free())
-		return f
-	}
-	freedStatus := dt.Must(device.NewStatus(s))
-	dt.NoErr(t, freedStatus.Free())
+	al, freed, freedStatus := fp8BadKit(t, s)
 	r := dt.Rand(2)
 	e4m3 := mxFam.recipe(e4m3F32)
 	x16 := mxfp8(s, e4m3, dt.Normal(r, 10*16, 1), 10, 16, nil)              // K=16
