@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -160,18 +159,7 @@ func runMXFP8Rank(tr ep.Transport, sc mxScen, in rankIn, world *ep.World, ph *ph
 // runMXFP8 runs sc on the ranks of trs (those of world, if not nil, whose byte counts
 // it then reads), each in its own goroutine.
 func runMXFP8(trs []ep.Transport, sc mxScen, ins []rankIn, world *ep.World) ([]*mxOut, error) {
-	outs := make([]*mxOut, len(trs))
-	errs := make([]error, len(trs))
-	ph := newPhaser(len(trs))
-	var wg sync.WaitGroup
-	for r, tr := range trs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outs[r], errs[r] = runMXFP8Rank(tr, sc, ins[r], world, ph)
-		}()
-	}
-	wg.Wait()
+	outs, errs := eachRank(trs, func(r int, ph *phaser) (*mxOut, error) { return runMXFP8Rank(trs[r], sc, ins[r], world, ph) })
 	return outs, errors.Join(errs...)
 }
 

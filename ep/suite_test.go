@@ -435,15 +435,21 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 // runAll runs sc on the ranks of trs, each in its own goroutine, and returns their
 // outputs and errors.
 func runAll(trs []ep.Transport, sc scen, ins []rankIn, world *ep.World) ([]*rankOut, []error) {
-	outs := make([]*rankOut, len(trs))
+	return eachRank(trs, func(r int, ph *phaser) (*rankOut, error) { return runRank(trs[r], sc, ins[r], world, ph) })
+}
+
+// eachRank runs rank(r, ph) for every rank r of trs, each in its own goroutine sharing one
+// phaser, and returns their outputs and errors by rank.
+func eachRank[O any](trs []ep.Transport, rank func(r int, ph *phaser) (O, error)) ([]O, []error) {
+	outs := make([]O, len(trs))
 	errs := make([]error, len(trs))
 	ph := newPhaser(len(trs))
 	var wg sync.WaitGroup
-	for i, tr := range trs {
+	for r := range trs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			outs[i], errs[i] = runRank(tr, sc, ins[i], world, ph)
+			outs[r], errs[r] = rank(r, ph)
 		}()
 	}
 	wg.Wait()

@@ -30,11 +30,7 @@ func runBad(t *testing.T, cases []badCase) {
 func TestBadArgs(t *testing.T) {
 	s := device.CPU().Stream()
 	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed := func(x *device.Tensor) *device.Tensor {
-		f := al(x.DType(), x.Shape()...)
-		dt.NoErr(t, f.Free())
-		return f
-	}
+	freed := func(x *device.Tensor) *device.Tensor { return dt.Freed(t, s, x.DType(), x.Shape()...) }
 	const big = math.MaxInt32 // a dimension the kernels cannot index
 	bf := device.BF16
 	sizes := dt.Must(device.FromSlice(s, device.I32, []int32{4, 6}, 2))
@@ -115,9 +111,7 @@ func TestBadArgs(t *testing.T) {
 		add("layout 7", with(-1, nil, &gemm.Options{Layout: 7}), "opt.Layout")
 		add("layout -1", with(-1, nil, &gemm.Options{Layout: -1}), "opt.Layout")
 		add("status not from NewStatus", with(-1, nil, &gemm.Options{Status: &device.Status{}}), "opt.Status")
-		st := dt.Must(device.NewStatus(s))
-		dt.NoErr(t, st.Free())
-		add("freed status", with(-1, nil, &gemm.Options{Status: st}), "opt.Status")
+		add("freed status", with(-1, nil, &gemm.Options{Status: dt.FreedStatus(t, s)}), "opt.Status")
 		if op.names[0] != "dw" {
 			add("accumulate", with(-1, nil, &gemm.Options{Accumulate: true}), "opt.Accumulate")
 		}

@@ -9,28 +9,42 @@ import (
 	"github.com/dropless/dropless/quant"
 )
 
-// blockArgs are valid arguments of the blockwise forms on one device: M=10 rows in two
-// groups, K=32, N=48.
-type blockArgs struct {
+// fp8Args are valid arguments of the FP8 forms of one recipe (Q its quantized
+// activations, W its weights) on one device: M=10 rows in two groups, K=32, N=48.
+type fp8Args[Q, W any] struct {
 	s         *device.Stream
 	sizes     *device.Tensor
-	x, dy     *quant.Blockwise
-	w         *quant.BlockwiseWeights
+	x, dy     *Q
+	w         *W
 	y, dx, dw *device.Tensor
 }
 
-func newBlockArgs(s *device.Stream) *blockArgs {
+// newFP8Args makes the arguments with the recipe's quantizers: acts(r, v, M, K, sizes)
+// quantizes activations or gradients in the groups of sizes, weights(r, v, G, K, N) the
+// weights; x and w with the recipe e4m3F32, dy with e5m2Pow2 (as the family maps them).
+func newFP8Args[Q, W any](s *device.Stream, acts func(r recipe, v []float32, M, K int, sizes []int32) *Q,
+	weights func(r recipe, v []float32, G, K, N int) *W) *fp8Args[Q, W] {
 	r := dt.Rand(1)
 	sz := []int32{4, 6}
-	return &blockArgs{s: s,
+	return &fp8Args[Q, W]{s: s,
 		sizes: dt.Must(device.FromSlice(s, device.I32, sz, 2)),
-		x:     blockwise(s, e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, sz),
-		dy:    blockwise(s, e5m2Pow2, dt.Normal(r, 10*48, 1), 10, 48, sz),
-		w:     blockwiseWeights(s, e4m3F32, dt.Normal(r, 2*32*48, 1), 2, 32, 48),
+		x:     acts(e4m3F32, dt.Normal(r, 10*32, 1), 10, 32, sz),
+		dy:    acts(e5m2Pow2, dt.Normal(r, 10*48, 1), 10, 48, sz),
+		w:     weights(e4m3F32, dt.Normal(r, 2*32*48, 1), 2, 32, 48),
 		y:     dt.Must(s.Alloc(device.F32, 10, 48)),
 		dx:    dt.Must(s.Alloc(device.BF16, 10, 32)),
 		dw:    dt.Must(s.Alloc(device.F32, 2, 32, 48)),
 	}
+}
+
+func newBlockArgs(s *device.Stream) *fp8Args[quant.Blockwise, quant.BlockwiseWeights] {
+	return newFP8Args(s,
+		func(r recipe, v []float32, M, K int, sz []int32) *quant.Blockwise {
+			return blockwise(s, r, v, M, K, sz)
+		},
+		func(r recipe, v []float32, G, K, N int) *quant.BlockwiseWeights {
+			return blockwiseWeights(s, r, v, G, K, N)
+		})
 }
 
 // with returns a copy of q (a quantized operand) edited by edit.
@@ -137,12 +151,6 @@ func TestBlockwiseOtherDevice(t *testing.T) {
 // s: al allocates a tensor, freed allocates and frees one, freedStatus is a freed Status.
 func fp8BadKit(t *testing.T, s *device.Stream) (al, freed func(typ device.DType, shape ...int) *device.Tensor, freedStatus *device.Status) {
 	al = func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed = func(typ device.DType, shape ...int) *device.Tensor {
-		f := al(typ, shape...)
-		dt.NoErr(t, f.Free())
-		return f
-	}
-	freedStatus = dt.Must(device.NewStatus(s))
-	dt.NoErr(t, freedStatus.Free())
-	return al, freed, freedStatus
+	freed = func(typ device.DType, shape ...int) *device.Tensor { return dt.Freed(t, s, typ, shape...) }
+	return al, freed, dt.FreedStatus(t, s)
 }

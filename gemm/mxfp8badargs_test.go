@@ -9,28 +9,16 @@ import (
 	"github.com/dropless/dropless/quant"
 )
 
-// mxArgs are valid arguments of the MXFP8 forms on one device: M=10 rows in two groups,
-// K=32, N=48; x and dy quantized in the groups, rowwise and columnwise (transposed).
-type mxArgs struct {
-	s         *device.Stream
-	sizes     *device.Tensor
-	x, dy     *quant.MXFP8
-	w         *quant.MXFP8Weights
-	y, dx, dw *device.Tensor
-}
-
-func newMXArgs(s *device.Stream) *mxArgs {
-	r := dt.Rand(1)
-	sz := []int32{4, 6}
-	return &mxArgs{s: s,
-		sizes: dt.Must(device.FromSlice(s, device.I32, sz, 2)),
-		x:     mxfp8(s, mxFam.recipe(e4m3F32), dt.Normal(r, 10*32, 1), 10, 32, sz),
-		dy:    mxfp8(s, mxFam.recipe(e5m2Pow2), dt.Normal(r, 10*48, 1), 10, 48, sz),
-		w:     mxWeights(s, mxFam.recipe(e4m3F32), dt.Normal(r, 2*32*48, 1), 2, 32, 48),
-		y:     dt.Must(s.Alloc(device.F32, 10, 48)),
-		dx:    dt.Must(s.Alloc(device.BF16, 10, 32)),
-		dw:    dt.Must(s.Alloc(device.F32, 2, 32, 48)),
-	}
+// newMXArgs makes fp8Args of the MXFP8 forms: x and dy quantized in the groups, rowwise
+// and columnwise (transposed).
+func newMXArgs(s *device.Stream) *fp8Args[quant.MXFP8, quant.MXFP8Weights] {
+	return newFP8Args(s,
+		func(r recipe, v []float32, M, K int, sz []int32) *quant.MXFP8 {
+			return mxfp8(s, mxFam.recipe(r), v, M, K, sz)
+		},
+		func(r recipe, v []float32, G, K, N int) *quant.MXFP8Weights {
+			return mxWeights(s, mxFam.recipe(r), v, G, K, N)
+		})
 }
 
 // TestMXFP8BadArgs feeds the MXFP8 forms nil, freed, wrong-shape, wrong-dtype, swizzled,

@@ -176,11 +176,7 @@ func runBadCases(t *testing.T, cases []badCase) {
 func badArgsFixture(t *testing.T) (s *device.Stream, al, freed func(device.DType, ...int) *device.Tensor, x, y, gs *device.Tensor) {
 	s = device.CPU().Stream()
 	al = func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed = func(typ device.DType, shape ...int) *device.Tensor {
-		x := al(typ, shape...)
-		dt.NoErr(t, x.Free())
-		return x
-	}
+	freed = func(typ device.DType, shape ...int) *device.Tensor { return dt.Freed(t, s, typ, shape...) }
 	return s, al, freed, al(device.BF16, 64, 64), al(device.F32, 64, 64), dt.Must(device.FromSlice(s, device.I32, []int32{40, 24}, 2))
 }
 

@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/dropless/dropless/device"
 )
 
 // Recover calls fn and returns the value it panicked with, or its error.
@@ -48,4 +50,31 @@ func WantErrorNaming(t testing.TB, fn func() error, arg string) {
 	case !word.MatchString(err.Error()):
 		t.Fatalf("error %q does not name %s", err, arg)
 	}
+}
+
+// Freed returns a tensor of dtype and shape allocated on s and freed: an argument that
+// every op must refuse with an error.
+func Freed(t testing.TB, s *device.Stream, dtype device.DType, shape ...int) *device.Tensor {
+	t.Helper()
+	x, err := s.Alloc(dtype, shape...)
+	if err == nil {
+		err = x.Free()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// FreedStatus returns a device.Status made on s and freed.
+func FreedStatus(t testing.TB, s *device.Stream) *device.Status {
+	t.Helper()
+	st, err := device.NewStatus(s)
+	if err == nil {
+		err = st.Free()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

@@ -168,10 +168,9 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 	if err := BlockwiseSupported(d); err != nil {
 		return err
 	}
-	M, Kc := a.Q.Dim(0), a.Q.Dim(1)
-	G, N := sizes.Len(), y.Dim(1)
-	if M < 1 || Kc < 16 || N < 16 || Kc%16 != 0 || N%16 != 0 || G < 1 || G > maxG {
-		return fmt.Errorf("hopper: BlockwiseGEMM needs M ≥ 1, Kc and N positive multiples of 16 and 1 ≤ G ≤ %d (M=%d Kc=%d N=%d G=%d)", maxG, M, Kc, N, G)
+	M, Kc, G, N, err := fp8FwdShape("BlockwiseGEMM", y, a.Q, b.Q, sizes)
+	if err != nil {
+		return err
 	}
 	skc, sn := ceilDiv(Kc, fp8Block), ceilDiv(N, fp8Block)
 	Mr := a.Scale.Dim(1)
@@ -182,12 +181,8 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 		ks, ns = 1, int64(skc)
 	}
 	switch {
-	case !y.HasShape(device.Invalid, M, N) || (y.DType() != device.BF16 && y.DType() != device.F32):
-		return fmt.Errorf("hopper: BlockwiseGEMM: y is %v, want bf16 or f32 [%d %d]", y, M, N)
 	case !a.Scale.HasShape(device.F32, skc, -1) || Mr < M || Mr%4 != 0:
 		return fmt.Errorf("hopper: BlockwiseGEMM: A's scales are %v, want f32[%d Mr], Mr ≥ %d a multiple of 4", a.Scale, skc, M)
-	case !b.Q.HasShape(device.Invalid, G, N, Kc):
-		return fmt.Errorf("hopper: BlockwiseGEMM: B is %v, want [%d %d %d]", b.Q, G, N, Kc)
 	case !b.Scale.HasShape(device.F32, bs...):
 		return fmt.Errorf("hopper: BlockwiseGEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.F32, bs...))
 	}
@@ -218,20 +213,16 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	if err := BlockwiseSupported(d); err != nil {
 		return err
 	}
-	G, R, C, Mp := dw.Dim(0), dw.Dim(1), dw.Dim(2), a.Q.Dim(1)
-	if R < 16 || C < 16 || R%16 != 0 || C%16 != 0 || G < 1 || G > maxG || Mp < fp8Block || Mp%fp8Block != 0 {
-		return fmt.Errorf("hopper: BlockwiseWeightGrad needs R and C positive multiples of 16, 1 ≤ G ≤ %d and Mp a positive multiple of 128 (R=%d C=%d G=%d Mp=%d)", maxG, R, C, G, Mp)
+	G, R, C, Mp, err := fp8WGradShape("BlockwiseWeightGrad", dw, a.Q, b.Q, sizes)
+	if err != nil {
+		return err
 	}
 	nt := Mp / fp8Block
 	switch {
-	case dw.Rank() != 3 || (dw.DType() != device.BF16 && dw.DType() != device.F32):
-		return fmt.Errorf("hopper: BlockwiseWeightGrad: dw is %v, want bf16 or f32 [G R C]", dw)
-	case sizes.Len() != G:
-		return fmt.Errorf("hopper: BlockwiseWeightGrad: sizes is %v, want %d groups", sizes, G)
-	case !a.Q.HasShape(device.Invalid, R, Mp) || !a.Scale.HasShape(device.F32, nt, R):
-		return fmt.Errorf("hopper: BlockwiseWeightGrad: A is %v with scales %v, want [%d %d] and f32[%d %d]", a.Q, a.Scale, R, Mp, nt, R)
-	case !b.Q.HasShape(device.Invalid, C, Mp) || !b.Scale.HasShape(device.F32, nt, C):
-		return fmt.Errorf("hopper: BlockwiseWeightGrad: B is %v with scales %v, want [%d %d] and f32[%d %d]", b.Q, b.Scale, C, Mp, nt, C)
+	case !a.Scale.HasShape(device.F32, nt, R):
+		return fmt.Errorf("hopper: BlockwiseWeightGrad: A's scales are %v, want f32[%d %d]", a.Scale, nt, R)
+	case !b.Scale.HasShape(device.F32, nt, C):
+		return fmt.Errorf("hopper: BlockwiseWeightGrad: B's scales are %v, want f32[%d %d]", b.Scale, nt, C)
 	}
 	k, err := fp8Kernel(d, "dl_hopper_fp8_wgrad", a.Q, b.Q)
 	if err != nil {
@@ -243,6 +234,44 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	}
 	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
 		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
+}
+
+// fp8FwdShape checks what the forward kernels of both recipes need of y, A's elements a
+// [M, Kc] and B's b [G, N, Kc] for sizes of G groups (fn names the call): M ≥ 1, Kc and N
+// positive multiples of 16, 1 ≤ G ≤ maxG, y BF16 or F32 [M, N]. It returns the dimensions.
+func fp8FwdShape(fn string, y, a, b, sizes *device.Tensor) (M, Kc, G, N int, err error) {
+	M, Kc, G, N = a.Dim(0), a.Dim(1), sizes.Len(), y.Dim(1)
+	switch {
+	case M < 1 || Kc < 16 || N < 16 || Kc%16 != 0 || N%16 != 0 || G < 1 || G > maxG:
+		err = fmt.Errorf("hopper: %s needs M ≥ 1, Kc and N positive multiples of 16 and 1 ≤ G ≤ %d (M=%d Kc=%d N=%d G=%d)", fn, maxG, M, Kc, N, G)
+	case !y.HasShape(device.Invalid, M, N) || (y.DType() != device.BF16 && y.DType() != device.F32):
+		err = fmt.Errorf("hopper: %s: y is %v, want bf16 or f32 [%d %d]", fn, y, M, N)
+	case !b.HasShape(device.Invalid, G, N, Kc):
+		err = fmt.Errorf("hopper: %s: B is %v, want [%d %d %d]", fn, b, G, N, Kc)
+	}
+	return
+}
+
+// fp8WGradShape checks what the weight-gradient kernels of both recipes need of dw
+// [G, R, C], A's elements a [R, Mp] and B's b [C, Mp] for sizes of G groups (fn names the
+// call): R and C positive multiples of 16, 1 ≤ G ≤ maxG, Mp a positive multiple of 128, dw
+// BF16 or F32. It returns the dimensions.
+func fp8WGradShape(fn string, dw, a, b, sizes *device.Tensor) (G, R, C, Mp int, err error) {
+	if dw.Rank() != 3 || (dw.DType() != device.BF16 && dw.DType() != device.F32) {
+		return 0, 0, 0, 0, fmt.Errorf("hopper: %s: dw is %v, want bf16 or f32 [G R C]", fn, dw)
+	}
+	G, R, C, Mp = dw.Dim(0), dw.Dim(1), dw.Dim(2), a.Dim(1)
+	switch {
+	case R < 16 || C < 16 || R%16 != 0 || C%16 != 0 || G < 1 || G > maxG || Mp < fp8Block || Mp%fp8Block != 0:
+		err = fmt.Errorf("hopper: %s needs R and C positive multiples of 16, 1 ≤ G ≤ %d and Mp a positive multiple of 128 (R=%d C=%d G=%d Mp=%d)", fn, maxG, R, C, G, Mp)
+	case sizes.Len() != G:
+		err = fmt.Errorf("hopper: %s: sizes is %v, want %d groups", fn, sizes, G)
+	case !a.HasShape(device.Invalid, R, Mp):
+		err = fmt.Errorf("hopper: %s: A is %v, want [%d %d]", fn, a, R, Mp)
+	case !b.HasShape(device.Invalid, C, Mp):
+		err = fmt.Errorf("hopper: %s: B is %v, want [%d %d]", fn, b, C, Mp)
+	}
+	return
 }
 
 // fp8Forward prepares a forward-form launch of the family prefix: it picks the kernel for
@@ -323,20 +352,15 @@ func MXFP8GEMM(s *device.Stream, y *device.Tensor, a, b MXOperand, sizes *device
 	if err := BlockwiseSupported(d); err != nil {
 		return err
 	}
-	M, Kc := a.Q.Dim(0), a.Q.Dim(1)
-	G, N := sizes.Len(), y.Dim(1)
-	if M < 1 || Kc < 16 || N < 16 || Kc%16 != 0 || N%16 != 0 || G < 1 || G > maxG {
-		return fmt.Errorf("hopper: MXFP8GEMM needs M ≥ 1, Kc and N positive multiples of 16 and 1 ≤ G ≤ %d (M=%d Kc=%d N=%d G=%d)", maxG, M, Kc, N, G)
+	M, Kc, G, N, err := fp8FwdShape("MXFP8GEMM", y, a.Q, b.Q, sizes)
+	if err != nil {
+		return err
 	}
 	cp := 4 * ceilDiv(ceilDiv(Kc, 32), 4)
 	bs := []int{G, ceilDiv(Kc, fp8Block), N, 4}
 	switch {
-	case !y.HasShape(device.Invalid, M, N) || (y.DType() != device.BF16 && y.DType() != device.F32):
-		return fmt.Errorf("hopper: MXFP8GEMM: y is %v, want bf16 or f32 [%d %d]", y, M, N)
 	case !a.Scale.HasShape(device.E8M0, -1, cp) || (!grouped && a.Scale.Dim(0) < M):
 		return fmt.Errorf("hopper: MXFP8GEMM: A's scales are %v, want e8m0[Sr %d] with Sr ≥ %d", a.Scale, cp, M)
-	case !b.Q.HasShape(device.Invalid, G, N, Kc):
-		return fmt.Errorf("hopper: MXFP8GEMM: B is %v, want [%d %d %d]", b.Q, G, N, Kc)
 	case !b.Scale.HasShape(device.E8M0, bs...):
 		return fmt.Errorf("hopper: MXFP8GEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.E8M0, bs...))
 	}
@@ -365,20 +389,16 @@ func MXFP8WeightGrad(s *device.Stream, dw *device.Tensor, a, b MXOperand, M int,
 	if err := BlockwiseSupported(d); err != nil {
 		return err
 	}
-	G, R, C, Mp := dw.Dim(0), dw.Dim(1), dw.Dim(2), a.Q.Dim(1)
-	if R < 16 || C < 16 || R%16 != 0 || C%16 != 0 || G < 1 || G > maxG || Mp < fp8Block || Mp%fp8Block != 0 {
-		return fmt.Errorf("hopper: MXFP8WeightGrad needs R and C positive multiples of 16, 1 ≤ G ≤ %d and Mp a positive multiple of 128 (R=%d C=%d G=%d Mp=%d)", maxG, R, C, G, Mp)
+	G, R, C, Mp, err := fp8WGradShape("MXFP8WeightGrad", dw, a.Q, b.Q, sizes)
+	if err != nil {
+		return err
 	}
 	ka, kb := fp8Block*ceilDiv(R, fp8Block), fp8Block*ceilDiv(C, fp8Block)
 	switch {
-	case dw.Rank() != 3 || (dw.DType() != device.BF16 && dw.DType() != device.F32):
-		return fmt.Errorf("hopper: MXFP8WeightGrad: dw is %v, want bf16 or f32 [G R C]", dw)
-	case sizes.Len() != G:
-		return fmt.Errorf("hopper: MXFP8WeightGrad: sizes is %v, want %d groups", sizes, G)
-	case !a.Q.HasShape(device.Invalid, R, Mp) || !a.Scale.HasShape(device.E8M0, Mp/32, ka):
-		return fmt.Errorf("hopper: MXFP8WeightGrad: A is %v with scales %v, want [%d %d] and e8m0[%d %d]", a.Q, a.Scale, R, Mp, Mp/32, ka)
-	case !b.Q.HasShape(device.Invalid, C, Mp) || !b.Scale.HasShape(device.E8M0, Mp/32, kb):
-		return fmt.Errorf("hopper: MXFP8WeightGrad: B is %v with scales %v, want [%d %d] and e8m0[%d %d]", b.Q, b.Scale, C, Mp, Mp/32, kb)
+	case !a.Scale.HasShape(device.E8M0, Mp/32, ka):
+		return fmt.Errorf("hopper: MXFP8WeightGrad: A's scales are %v, want e8m0[%d %d]", a.Scale, Mp/32, ka)
+	case !b.Scale.HasShape(device.E8M0, Mp/32, kb):
+		return fmt.Errorf("hopper: MXFP8WeightGrad: B's scales are %v, want e8m0[%d %d]", b.Scale, Mp/32, kb)
 	}
 	k, err := fp8Kernel(d, "dl_hopper_mx_wgrad", a.Q, b.Q)
 	if err != nil {

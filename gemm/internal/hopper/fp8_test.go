@@ -80,3 +80,73 @@ func TestFP8ClusterGrid(t *testing.T) {
 		}
 	})
 }
+
+// TestFP8BadArgs: on a GPU that runs the FP8 kernels, each of their functions refuses
+// operands of the wrong shape or dtype with an error naming the operand, before it
+// launches anything; a cluster size below 1 is an error of MaxActiveClusters.
+func TestFP8BadArgs(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		if !d.IsCUDA() {
+			t.Skip("CPU")
+		}
+		if err := BlockwiseSupported(d); err != nil {
+			t.Skip(err)
+		}
+		s := d.Stream()
+		al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
+		// G=2 groups, M=64 rows, K=128, N=256; the weight gradient's R=128, C=256, Mp=256.
+		sizes := dt.Must(device.FromSlice(s, device.I32, []int32{32, 32}, 2))
+		y := al(device.BF16, 64, 256)
+		aQ, wQ := al(device.E4M3, 64, 128), al(device.E4M3, 2, 256, 128)
+		bw := FP8{Q: wQ, Scale: al(device.F32, 2, 1, 2)}
+		ba := FP8{Q: aQ, Scale: al(device.F32, 1, 64)}
+		mw := MXOperand{Q: wQ, Scale: al(device.E8M0, 2, 1, 256, 4)}
+		ma := MXOperand{Q: aQ, Scale: al(device.E8M0, 64, 4)}
+		dw := al(device.F32, 2, 128, 256)
+		xt, dyt := al(device.E4M3, 128, 256), al(device.E4M3, 256, 256)
+		bx, bdy := FP8{Q: xt, Scale: al(device.F32, 2, 128)}, FP8{Q: dyt, Scale: al(device.F32, 2, 256)}
+		mx, mdy := MXOperand{Q: xt, Scale: al(device.E8M0, 8, 128)}, MXOperand{Q: dyt, Scale: al(device.E8M0, 8, 256)}
+		bgemm := func(y *device.Tensor, a, b FP8) func() error {
+			return func() error { return BlockwiseGEMM(s, y, a, b, sizes, nil, 1, false) }
+		}
+		mgemm := func(y *device.Tensor, a, b MXOperand) func() error {
+			return func() error { return MXFP8GEMM(s, y, a, b, sizes, nil, 1, false) }
+		}
+		bwg := func(dw *device.Tensor, a, b FP8, sz *device.Tensor) func() error {
+			return func() error { return BlockwiseWeightGrad(s, dw, a, b, 64, sz, nil, 1, false) }
+		}
+		mwg := func(dw *device.Tensor, a, b MXOperand, sz *device.Tensor) func() error {
+			return func() error { return MXFP8WeightGrad(s, dw, a, b, 64, sz, nil, 1, false) }
+		}
+		one := dt.Must(device.FromSlice(s, device.I32, []int32{64}, 1))
+		k := dt.Must(d.Kernel(fp8, "dl_hopper_fp8_e4m3_e4m3"))
+		for _, c := range []struct {
+			name string
+			fn   func() error
+			want string
+		}{
+			{"blockwise y i32", bgemm(al(device.I32, 64, 256), ba, bw), "y is"},
+			{"blockwise y shape", bgemm(al(device.BF16, 64, 128), ba, bw), "y is"},
+			{"blockwise K not a multiple of 16", bgemm(y, FP8{Q: al(device.E4M3, 64, 120), Scale: ba.Scale}, bw), "multiples of 16"},
+			{"blockwise B shape", bgemm(y, ba, FP8{Q: al(device.E4M3, 2, 128, 128), Scale: bw.Scale}), "B is"},
+			{"blockwise A scales", bgemm(y, FP8{Q: aQ, Scale: al(device.F32, 1, 62)}, bw), "A's scales"},
+			{"blockwise B scales", bgemm(y, ba, FP8{Q: wQ, Scale: al(device.E8M0, 2, 1, 2)}), "B's scales"},
+			{"mxfp8 y shape", mgemm(al(device.F32, 32, 256), ma, mw), "y is"},
+			{"mxfp8 B shape", mgemm(y, ma, MXOperand{Q: al(device.E4M3, 3, 256, 128), Scale: mw.Scale}), "B is"},
+			{"mxfp8 A scales", mgemm(y, MXOperand{Q: aQ, Scale: al(device.F32, 64, 4)}, mw), "A's scales"},
+			{"mxfp8 B scales", mgemm(y, ma, MXOperand{Q: wQ, Scale: al(device.E8M0, 2, 1, 256, 2)}), "B's scales"},
+			{"blockwise dw rank", bwg(al(device.F32, 128, 256), bx, bdy, sizes), "dw is"},
+			{"blockwise dw i32", bwg(al(device.I32, 2, 128, 256), bx, bdy, sizes), "dw is"},
+			{"blockwise sizes", bwg(dw, bx, bdy, one), "sizes is"},
+			{"blockwise A shape", bwg(dw, FP8{Q: al(device.E4M3, 64, 256), Scale: bx.Scale}, bdy, sizes), "A is"},
+			{"blockwise B tokens", bwg(dw, bx, FP8{Q: al(device.E4M3, 256, 128), Scale: bdy.Scale}, sizes), "B is"},
+			{"blockwise A scales", bwg(dw, FP8{Q: xt, Scale: al(device.F32, 1, 128)}, bdy, sizes), "A's scales"},
+			{"mxfp8 dw rank", mwg(al(device.F32, 128, 256), mx, mdy, sizes), "dw is"},
+			{"mxfp8 Mp", mwg(dw, MXOperand{Q: al(device.E4M3, 128, 200), Scale: mx.Scale}, mdy, sizes), "multiple of 128"},
+			{"mxfp8 B scales", mwg(dw, mx, MXOperand{Q: dyt, Scale: al(device.E8M0, 8, 128)}, sizes), "B's scales"},
+			{"cluster size 0", func() error { return dt.ErrOf(k.MaxActiveClusters(0, 384, fp8Smem)) }, "cluster size 0"},
+		} {
+			t.Run(c.name, func(t *testing.T) { dt.WantError(t, c.fn, c.want) })
+		}
+	})
+}
