@@ -31,7 +31,7 @@ func TestFP8KernelsCompileBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The bodies are there: the PTX holds the kernels' wgmma instructions.
-	for _, want := range []string{"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2", "setmaxnreg.inc.sync.aligned.u32 232"} {
+	for _, want := range []string{"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2", "wgmma.mma_async.sync.aligned.m64n64k32.f32.e5m2.e4m3", "setmaxnreg.inc.sync.aligned.u32 232"} {
 		if !regexp.MustCompile(regexp.QuoteMeta(want)).Match(img) {
 			t.Errorf("the PTX has no %q", want)
 		}
@@ -126,7 +126,7 @@ func TestFP8BadArgs(t *testing.T) {
 			want string
 		}{
 			{"blockwise y i32", bgemm(al(device.I32, 64, 256), ba, bw), "y is"},
-			{"blockwise y shape", bgemm(al(device.BF16, 64, 128), ba, bw), "y is"},
+			{"blockwise y shape", bgemm(al(device.BF16, 32, 256), ba, bw), "y is"},
 			{"blockwise K not a multiple of 16", bgemm(y, FP8{Q: al(device.E4M3, 64, 120), Scale: ba.Scale}, bw), "multiples of 16"},
 			{"blockwise B shape", bgemm(y, ba, FP8{Q: al(device.E4M3, 2, 128, 128), Scale: bw.Scale}), "B is"},
 			{"blockwise A scales", bgemm(y, FP8{Q: aQ, Scale: al(device.F32, 1, 62)}, bw), "A's scales"},

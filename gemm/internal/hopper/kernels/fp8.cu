@@ -22,6 +22,7 @@
 //   [0, S·32 KB)          stage s: A 128 rows × 128 B at s·32 KB, B 128 rows × 128 B at s·32 KB + 16 KB
 //   [S·32 KB, +S·512)     A scales: 128 floats a stage (the tile's rows, or the dw tile's rows)
 //   [.., +S·512)          B scales: 128 floats a stage (weight gradient only: dw tile's columns)
+//   [.., +4·HF_MXT·4)     MXFP8: each consumer's two tables of decoded column scales (hf_mx_decode)
 //   [.., +2·S·8)          full[S], empty[S]
 //   [.., +3·(G+1)·4)      tstart, rstart, lstart: hb_setup's group tables (HB_MAXG + 1 each)
 //   [.., +(G+1)·4)        pstart: the groups' first 128-row blocks (the MXFP8 forms' scale rows)
@@ -58,7 +59,8 @@
 #define HF_A_BYTES (HF_BM * HF_BK)
 #define HF_B_BYTES (HF_BN * HF_BK)
 #define HF_STAGE_BYTES (HF_A_BYTES + HF_B_BYTES)
-#define HF_SMEM (HF_STAGES * (HF_STAGE_BYTES + (HF_BM + HF_BN) * 4) + 2 * HF_STAGES * 8 + 4 * (HB_MAXG + 1) * 4 + 1024)
+#define HF_MXT 640 // floats of one decoded column-scale table: 4 blocks × 4 lane quads × 40
+#define HF_SMEM (HF_STAGES * (HF_STAGE_BYTES + (HF_BM + HF_BN) * 4) + 4 * HF_MXT * 4 + 2 * HF_STAGES * 8 + 4 * (HB_MAXG + 1) * 4 + 1024)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -77,18 +79,41 @@
                      : HF_D8(0), HF_D8(8), HF_D8(16), HF_D8(24), HF_D8(32), HF_D8(40), HF_D8(48), HF_D8(56)                       \
                      : "l"(da), "l"(db), "r"(scale_d));                                                                           \
     }
+// m64n64k32 likewise, d[32] (operands %0-%31, descriptors %32 and %33; always accumulating
+// into zeroed or live d as scale_d %34 says).
+#define HF_WGMMA64(NAME, TYPES)                                                                                                  \
+    __device__ __forceinline__ void NAME(float *d, u64 da, u64 db, int scale_d) {                                                \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                 \
+                     "wgmma.mma_async.sync.aligned.m64n64k32.f32." TYPES " "                                                      \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "      \
+                     "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                                         \
+                     "%32, %33, p, 1, 1;\n}\n"                                                                                    \
+                     : HF_D8(0), HF_D8(8), HF_D8(16), HF_D8(24)                                                                   \
+                     : "l"(da), "l"(db), "r"(scale_d));                                                                           \
+    }
 HF_WGMMA(hf_wgmma_e4m3_e4m3, "e4m3.e4m3")
 HF_WGMMA(hf_wgmma_e4m3_e5m2, "e4m3.e5m2")
 HF_WGMMA(hf_wgmma_e5m2_e4m3, "e5m2.e4m3")
 HF_WGMMA(hf_wgmma_e5m2_e5m2, "e5m2.e5m2")
+HF_WGMMA64(hf_wgmma64_e4m3_e4m3, "e4m3.e4m3")
+HF_WGMMA64(hf_wgmma64_e4m3_e5m2, "e4m3.e5m2")
+HF_WGMMA64(hf_wgmma64_e5m2_e4m3, "e5m2.e4m3")
+HF_WGMMA64(hf_wgmma64_e5m2_e5m2, "e5m2.e5m2")
 
-// hf_mma: the wgmma of element types TA (A) and TB (B): 0 E4M3, 1 E5M2.
-template <int TA, int TB>
+// hf_mma: the wgmma m64nNk32 (N = 128, or 64: hf_wgmma64) of element types TA (A) and TB
+// (B): 0 E4M3, 1 E5M2.
+#define HF_PICK(P)                                                                                                               \
+    if constexpr (TA == 0 && TB == 0) P##_e4m3_e4m3(d, da, db, scale_d);                                                          \
+    else if constexpr (TA == 0) P##_e4m3_e5m2(d, da, db, scale_d);                                                                \
+    else if constexpr (TB == 0) P##_e5m2_e4m3(d, da, db, scale_d);                                                                \
+    else P##_e5m2_e5m2(d, da, db, scale_d);
+template <int TA, int TB, int N = 128>
 __device__ __forceinline__ void hf_mma(float *d, u64 da, u64 db, int scale_d) {
-    if constexpr (TA == 0 && TB == 0) hf_wgmma_e4m3_e4m3(d, da, db, scale_d);
-    else if constexpr (TA == 0) hf_wgmma_e4m3_e5m2(d, da, db, scale_d);
-    else if constexpr (TB == 0) hf_wgmma_e5m2_e4m3(d, da, db, scale_d);
-    else hf_wgmma_e5m2_e5m2(d, da, db, scale_d);
+    if constexpr (N == 64) {
+        HF_PICK(hf_wgmma64)
+    } else {
+        HF_PICK(hf_wgmma)
+    }
 }
 
 // hf_fence keeps the compiler from moving accesses of the accumulators across the wgmma
@@ -96,6 +121,12 @@ __device__ __forceinline__ void hf_mma(float *d, u64 da, u64 db, int scale_d) {
 __device__ __forceinline__ void hf_fence(float *d) {
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// hf_fence32 is hf_fence for half of the accumulators (one m64n64 fragment).
+__device__ __forceinline__ void hf_fence32(float *d) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // Clusters: with CL = 2 the two CTAs of a cluster compute tiles that share their A tile
@@ -116,22 +147,15 @@ __device__ __forceinline__ void hf_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
-// hf_arrive_peer arrives on the barrier at bar's offset in the shared memory of cluster CTA peer.
+// hf_arrive_peer arrives on the barrier at bar's offset in the shared memory of cluster CTA
+// peer. The arrival keeps the default release at CTA scope: what it orders is this warp's
+// reads of a stage by its (completed) MMAs before the peer's next copy into it, and a
+// release at cluster scope would make every consumer warp wait at a memory barrier for
+// its outstanding global loads and stores once a stage (measured: half the rate).
 __device__ __forceinline__ void hf_arrive_peer(u64 *bar, u32 peer) {
     u32 a;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(hb_smem(bar)), "r"(peer));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
-}
-
-// hf_wait_cluster is hb_mbar_wait for a barrier that threads of other CTAs arrive on.
-__device__ __forceinline__ void hf_wait_cluster(u64 *bar, u32 parity) {
-    u32 ok = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(hb_smem(bar)), "r"(parity)
-                     : "memory");
-    } while (!ok);
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
 }
 
 // hf_tma2d_mc is hb_tma2d multicast: the box lands at dst's offset in every CTA of mask,
@@ -151,12 +175,9 @@ __device__ __forceinline__ void hf_bulk(void *dst, const void *src, u32 bytes, u
                  : "memory");
 }
 
-// hf_wait_empty is the producer's wait for a stage to be handed back.
-template <int CL>
-__device__ __forceinline__ void hf_wait_empty(u64 *bar, u32 parity) {
-    if constexpr (CL > 1) hf_wait_cluster(bar, parity);
-    else hb_mbar_wait(bar, parity);
-}
+// hf_wait_empty is the producer's wait for a stage to be handed back (with CL = 2 by the
+// consumers of both CTAs; the acquire at CTA scope pairs with hf_arrive_peer's release).
+__device__ __forceinline__ void hf_wait_empty(u64 *bar, u32 parity) { hb_mbar_wait(bar, parity); }
 
 // hf_release hands a stage back, once per consumer warp (the empty barriers count CL·8
 // arrivals): lane 0 arrives on its own CTA's barrier and, with CL = 2, lane 1 on the peer's.
@@ -230,7 +251,7 @@ __device__ __forceinline__ void hf_epilogue(const float *t, void *out, u64 row0,
 // The shared-memory regions of the layout above.
 struct hf_smem {
     unsigned char *stages;
-    float *sa, *sb;
+    float *sa, *sb, *mx;
     u64 *full, *empty;
     int *tstart, *rstart, *lstart, *pstart;
 };
@@ -240,7 +261,8 @@ __device__ __forceinline__ hf_smem hf_carve(unsigned char *raw) {
     m.stages = hb_align(raw);
     m.sa = (float *)(m.stages + HF_STAGES * HF_STAGE_BYTES);
     m.sb = m.sa + HF_STAGES * HF_BM;
-    m.full = (u64 *)(m.sb + HF_STAGES * HF_BN);
+    m.mx = m.sb + HF_STAGES * HF_BN;
+    m.full = (u64 *)(m.mx + 4 * HF_MXT);
     m.empty = m.full + HF_STAGES;
     m.tstart = (int *)(m.empty + HF_STAGES);
     m.rstart = m.tstart + (HB_MAXG + 1);
@@ -337,37 +359,90 @@ __device__ __forceinline__ hf_wtile hf_wg_tile(const hf_smem &m, int tile, int t
 }
 
 // MXFP8 (1×32 blocks, E8M0 scales): the same tiles, stages and clusters, but each 128-deep
-// stage holds four scale blocks, so every wgmma.m64n128k32 (one block) is waited for and
-// promoted on its own: total += partial · s_a · s_b with the block's scales, 2^(e − 127)
-// for code e (code 0 is 2^−127; code 255, NaN, only marks blocks whose codes are NaN).
+// stage holds four scale blocks, so every 32 of the contraction is promoted on its own:
+// total += partial · s_a · s_b with the block's scales, 2^(e − 127) for code e (code 0 is
+// 2^−127; code 255, NaN, only marks blocks whose codes are NaN). The promotions are as
+// much CUDA-core work as the MMAs are tensor-core work, so each block runs as two
+// m64n64k32 halves whose promotions overlap the other half's MMA (hf_mx_stage), with the
+// column scales decoded to f32 once per stage (hf_mx_decode).
 
 // hf_e8m0 is the scale of E8M0 code e (0..255).
 __device__ __forceinline__ float hf_e8m0(u32 e) { return e ? __int_as_float(e << 23) : 5.877471754111438e-39f; }
 
-// hf_mx_step runs scale block s of a stage for a consumer warpgroup: partial = A·Bᵀ over
-// the block's 32 elements (a and b: the operands' first rows; the block is 32 bytes in),
-// waited for.
-template <int TA, int TB>
-__device__ __forceinline__ void hf_mx_step(float *d, const unsigned char *a, const unsigned char *b, int s) {
-    hf_fence(d);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    hf_mma<TA, TB>(d, hb_desc(a + s * 32, 0, 1024), hb_desc(b + s * 32, 0, 1024), 0);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    hf_fence(d);
+// The column scales of a stage (128 columns × 4 blocks) are decoded once per stage by the
+// consumer warpgroup into f32 in shared memory, in the order hf_mx_stage reads them: the
+// thread of lane l promotes columns 8j + 2(l%4) + {0, 1}, j = 0..15, so the table holds, for
+// block s and lane quad q = l%4, those 32 scales contiguous at tab[160s + 40q + 2j + e]
+// (rows of 40 floats: the 4 quads' stores fall in distinct banks; 16-byte reads).
+// Each consumer has two tables, used by alternate stages, so that a thread may fill the
+// next stage's while another still reads the last one's (the named barrier between
+// them orders each table's writes after the reads of two stages before).
+
+// hf_mx_decode decodes the 512 codes of a stage, code(col, s) = codes[col·cs + s·ss], into
+// tab, one column per thread t of the consumer warpgroup, then synchronizes the warpgroup
+// (named barrier bar).
+__device__ __forceinline__ void hf_mx_decode(float *tab, const unsigned char *codes, int cs, int ss, int t, int bar) {
+    float *d = tab + 40 * ((t % 8) / 2) + 2 * (t / 8) + t % 2;
+#pragma unroll
+    for (int s = 0; s < 4; s++) d[160 * s] = hf_e8m0(codes[t * cs + s * ss]);
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
 }
 
-// hf_mx_promote adds part scaled by (sa0, sa1) for the thread's two rows and sbw's column
-// scales: sbw[j] holds the four block codes (byte s: block s) of columns 8j + 2(l%4) (x)
-// and + 1 (y).
-__device__ __forceinline__ void hf_mx_promote(float *tot, const float *part, float sa0, float sa1, const uint2 *sbw, int s) {
+// hf_mx_half adds half h (columns 64h..64h+63, accumulators 32h..32h+31) of block s's
+// partial sums scaled by (sa0, sa1) for the thread's two rows and tq's column scales
+// (tq: the thread's quad row of the table).
+__device__ __forceinline__ void hf_mx_half(float *tot, const float *part, float sa0, float sa1, const float *tq, int s, int h) {
 #pragma unroll
-    for (int j = 0; j < HF_BN / 8; j++) {
-        const float bx = hf_e8m0((sbw[j].x >> (8 * s)) & 255), by = hf_e8m0((sbw[j].y >> (8 * s)) & 255);
-        tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * bx, tot[4 * j + 0]);
-        tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * by, tot[4 * j + 1]);
-        tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * bx, tot[4 * j + 2]);
-        tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * by, tot[4 * j + 3]);
+    for (int i = 4 * h; i < 4 * h + 4; i++) {
+        const float4 v = *(const float4 *)(tq + 160 * s + 4 * i);
+        tot[8 * i + 0] = fmaf(part[8 * i + 0], sa0 * v.x, tot[8 * i + 0]);
+        tot[8 * i + 1] = fmaf(part[8 * i + 1], sa0 * v.y, tot[8 * i + 1]);
+        tot[8 * i + 2] = fmaf(part[8 * i + 2], sa1 * v.x, tot[8 * i + 2]);
+        tot[8 * i + 3] = fmaf(part[8 * i + 3], sa1 * v.y, tot[8 * i + 3]);
+        tot[8 * i + 4] = fmaf(part[8 * i + 4], sa0 * v.z, tot[8 * i + 4]);
+        tot[8 * i + 5] = fmaf(part[8 * i + 5], sa0 * v.w, tot[8 * i + 5]);
+        tot[8 * i + 6] = fmaf(part[8 * i + 6], sa1 * v.z, tot[8 * i + 6]);
+        tot[8 * i + 7] = fmaf(part[8 * i + 7], sa1 * v.w, tot[8 * i + 7]);
+    }
+}
+
+// hf_mx_issue issues half h of block s: part's half = A·Bᵀ over the block's 32 elements and
+// the tile's columns 64h..64h+63 (B rows 64h.. of the stage: 8 core-matrix groups of 1024
+// bytes each), as one wgmma group.
+template <int TA, int TB>
+__device__ __forceinline__ void hf_mx_issue(float *part, const unsigned char *a, const unsigned char *b, int s, int h) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    hf_fence32(part + 32 * h);
+    hf_mma<TA, TB, 64>(part + 32 * h, hb_desc(a + s * 32, 0, 1024), hb_desc(b + h * 8192 + s * 32, 0, 1024), 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// hf_mx_stage runs a stage's four scale blocks for a consumer warpgroup as a pipeline of
+// half-width MMAs: each half's promotion runs while the other half's MMA of the same or
+// the next block is in flight, so the warpgroup's promotions overlap its own tensor-core
+// work (and the other consumer's). w0 and w1 hold the four codes of the thread's two rows
+// (byte s: block s); the stage is handed back once its last MMA has completed.
+template <int TA, int TB, int CL>
+__device__ __forceinline__ void hf_mx_stage(float *tot, float *part, const unsigned char *a, const unsigned char *b, u32 w0, u32 w1,
+                                            const float *tq, u64 *empty, int lane, u32 crank) {
+    hf_mx_issue<TA, TB>(part, a, b, 0, 0);
+    hf_mx_issue<TA, TB>(part, a, b, 0, 1);
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const float sa0 = hf_e8m0((w0 >> (8 * s)) & 255), sa1 = hf_e8m0((w1 >> (8 * s)) & 255);
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        hf_fence32(part);
+        hf_mx_half(tot, part, sa0, sa1, tq, s, 0);
+        if (s < 3) {
+            hf_mx_issue<TA, TB>(part, a, b, s + 1, 0);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            hf_release<CL>(empty, lane, crank);
+        }
+        hf_fence32(part + 32);
+        hf_mx_half(tot, part, sa0, sa1, tq, s, 1);
+        if (s < 3) hf_mx_issue<TA, TB>(part, a, b, s + 1, 1);
     }
 }
 
@@ -425,7 +500,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                 for (int kb = 0; kb < nkb; kb++, it++) {
                     const int st = it % HF_STAGES;
                     const u32 ph = (it / HF_STAGES) & 1;
-                    hf_wait_empty<CL>(&m.empty[st], ph ^ 1);
+                    hf_wait_empty(&m.empty[st], ph ^ 1);
                     unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
                     hb_mbar_expect_tx(&m.full[st], HF_A_BYTES + (hasB ? HF_B_BYTES : 0) + sbytes);
                     hf_load_a<CL>(stg, tmA, kb * HF_BK, t.row0, crank, &m.full[st]);
@@ -444,6 +519,8 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
 #pragma unroll
         for (int i = 0; i < 64; i++) part[i] = 0.f;
         int it = 0;
+        int dec = 0; // MXFP8: stages decoded, whose parity picks the table
+        (void)dec;
         for (int tile = first; tile < total; tile += step) {
             const hf_ftile t = hf_fwd_tile<CL>(&sc, m, G, tile, crank);
             const bool active = c * 64 < t.rows && t.nt < ntn;
@@ -492,16 +569,10 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                 }
                 const unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
                 if constexpr (MX) {
-                    uint2 sbw[HF_BN / 8];
-                    const unsigned char *sw = sbs + st * 512 + 4 * 2 * (lane % 4);
-#pragma unroll
-                    for (int j = 0; j < HF_BN / 8; j++) sbw[j] = *(const uint2 *)(sw + 4 * 8 * j);
-#pragma unroll
-                    for (int sblk = 0; sblk < 4; sblk++) {
-                        hf_mx_step<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, sblk);
-                        if (sblk == 3) hf_release<CL>(&m.empty[st], lane, crank);
-                        hf_mx_promote(tot, part, hf_e8m0((w0 >> (8 * sblk)) & 255), hf_e8m0((w1 >> (8 * sblk)) & 255), sbw, sblk);
-                    }
+                    float *tab = m.mx + (2 * c + (dec++ & 1)) * HF_MXT;
+                    hf_mx_decode(tab, sbs + st * 512, 4, 1, tid % 128, 1 + c);
+                    hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, w0, w1, tab + 40 * (lane % 4),
+                                            &m.empty[st], lane, crank);
                 } else {
                     hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
                     // The stage's data is read: hand it back before promoting.
@@ -570,7 +641,7 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                 for (int kb = 0; kb < t.nkb; kb++, it++) {
                     const int st = it % HF_STAGES;
                     const u32 ph = (it / HF_STAGES) & 1;
-                    hf_wait_empty<CL>(&m.empty[st], ph ^ 1);
+                    hf_wait_empty(&m.empty[st], ph ^ 1);
                     unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
                     // A column tile past C (the odd one of a cluster) loads no B.
                     hb_mbar_expect_tx(&m.full[st], HF_A_BYTES + runs * ab + (bb ? HF_B_BYTES + runs * bb : 0));
@@ -596,6 +667,8 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 #pragma unroll
         for (int i = 0; i < 64; i++) part[i] = 0.f;
         int it = 0;
+        int dec = 0; // MXFP8: stages decoded, whose parity picks the table
+        (void)dec;
         for (int tile = first; tile < total; tile += step) {
             const hf_wtile t = hf_wg_tile<CL>(m, tile, tm, tnc, crank);
             if (t.nkb == 0 && accum) continue;
@@ -612,30 +685,19 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                 }
                 const unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
                 if constexpr (MX) {
-                    // The codes of the thread's two rows and 32 columns, gathered as
-                    // hf_mx_promote reads them (byte q: block q).
-                    const unsigned char *ssa = sas + st * 512 + c * 64 + r, *ssb = sbs + st * 512 + 2 * (lane % 4);
+                    // The codes of the thread's two rows (byte q: block q); the columns'
+                    // decoded into the table.
+                    const unsigned char *ssa = sas + st * 512 + c * 64 + r;
                     u32 w0 = 0, w1 = 0;
-                    uint2 sbw[HF_BN / 8];
-#pragma unroll
-                    for (int j = 0; j < HF_BN / 8; j++) sbw[j] = make_uint2(0, 0);
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         w0 |= (u32)ssa[q * 128] << (8 * q);
                         w1 |= (u32)ssa[q * 128 + 8] << (8 * q);
-#pragma unroll
-                        for (int j = 0; j < HF_BN / 8; j++) {
-                            const u32 v = *(const unsigned short *)(ssb + q * 128 + 8 * j);
-                            sbw[j].x |= (v & 255) << (8 * q);
-                            sbw[j].y |= (v >> 8) << (8 * q);
-                        }
                     }
-#pragma unroll
-                    for (int sblk = 0; sblk < 4; sblk++) {
-                        hf_mx_step<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, sblk);
-                        if (sblk == 3) hf_release<CL>(&m.empty[st], lane, crank);
-                        hf_mx_promote(tot, part, hf_e8m0((w0 >> (8 * sblk)) & 255), hf_e8m0((w1 >> (8 * sblk)) & 255), sbw, sblk);
-                    }
+                    float *tab = m.mx + (2 * c + (dec++ & 1)) * HF_MXT;
+                    hf_mx_decode(tab, sbs + st * 512, 1, 128, tid % 128, 1 + c);
+                    hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, w0, w1, tab + 40 * (lane % 4),
+                                            &m.empty[st], lane, crank);
                 } else {
                     const float *ssa = (const float *)m.sa + st * HF_BM + c * 64 + r,
                                 *ssb = (const float *)m.sb + st * HF_BN + 2 * (lane % 4);
