@@ -30,7 +30,7 @@ const (
 var fp8Support sync.Map // *device.Device → error
 
 // fp8Single keeps the FP8 kernels to one CTA per cluster (no multicast): the default, as the
-// two-CTA kernels measured slower on the H200 (docs/perf.md); DROPLESS_FP8_CLUSTER=2 selects
+// two-CTA kernels measured no faster on the H200 (docs/perf.md); DROPLESS_FP8_CLUSTER=2 selects
 // them, for comparisons.
 var fp8Single = os.Getenv("DROPLESS_FP8_CLUSTER") != "2"
 
