@@ -21,9 +21,10 @@ type adamArgs struct {
 // adamChunk is TR_ADAM_CHUNK: the elements of a parameter each block takes at a time.
 const adamChunk = 2048
 
-// adamParam is one parameter of a multi-tensor AdamW step: the parameter p, its gradient
-// g and moments m and v, all F32 of one length; c, when not nil, a BF16 copy of p of the
-// same length that the step refreshes (the weights the compute reads).
+// adamParam is one parameter of a multi-tensor AdamW step: the parameter p and its gradient
+// g, F32, and its moments m and v, F32 or BF16 (the table's moment dtype), all of one
+// length; c, when not nil, a BF16 copy of p of the same length that the step refreshes (the
+// weights the compute reads).
 type adamParam struct {
 	p, g, m, v, c *device.Tensor
 	decay         bool // weight decay applies
@@ -33,10 +34,11 @@ type adamParam struct {
 // table of their addresses and sizes (tr_adam_param of kernels/train.cu, 8 words each),
 // so the tensors must outlive it.
 type adamTable struct {
-	ps     []adamParam
-	tab    *device.Tensor // I64[len(ps), 8] on a GPU, nil on the CPU
-	chunks int64
-	grid   int // blocks of the launch, once known
+	ps      []adamParam
+	moments device.DType   // of every parameter's m and v: F32 (tr_adamw) or BF16 (tr_adamw_bf16)
+	tab     *device.Tensor // I64[len(ps), 8] on a GPU, nil on the CPU
+	chunks  int64
+	grid    int // blocks of the launch, once known
 }
 
 // adamShift returns the position of q's element 0 in its group of 4 elements that the
@@ -44,7 +46,8 @@ type adamTable struct {
 // every tensor of q has its element 0 at the same position; else -1, and the kernel
 // takes q's elements one at a time.
 func adamShift(q adamParam) int {
-	addrs := []elemAddr{{q.p.Ptr(), 4}, {q.g.Ptr(), 4}, {q.m.Ptr(), 4}, {q.v.Ptr(), 4}}
+	ms := uintptr(q.m.DType().Size())
+	addrs := []elemAddr{{q.p.Ptr(), 4}, {q.g.Ptr(), 4}, {q.m.Ptr(), ms}, {q.v.Ptr(), ms}}
 	if q.c != nil {
 		addrs = append(addrs, elemAddr{q.c.Ptr(), 2})
 	}
@@ -81,12 +84,16 @@ func adamChunks(n, shift int) int64 {
 	return int64((n + max(shift, 0) + adamChunk - 1) / adamChunk)
 }
 
-// newAdamTable returns the table of ps, uploaded on s.
+// newAdamTable returns the table of ps, uploaded on s. Their moments are all F32 or all
+// BF16.
 func newAdamTable(s *device.Stream, ps []adamParam) (*adamTable, error) {
 	if len(ps) == 0 {
 		return nil, fmt.Errorf("adamw: no parameters")
 	}
-	t := &adamTable{ps: ps}
+	t := &adamTable{ps: ps, moments: device.F32} // parameter 0's moments say which
+	if m := ps[0].m; m != nil && m.DType() == device.BF16 {
+		t.moments = device.BF16
+	}
 	words := make([]int64, 0, 8*len(ps))
 	for i, q := range ps {
 		n := q.p.Len()
@@ -96,7 +103,7 @@ func newAdamTable(s *device.Stream, ps []adamParam) (*adamTable, error) {
 			dt   device.DType
 		}{
 			{"parameter", q.p, device.F32}, {"gradient", q.g, device.F32},
-			{"first moment", q.m, device.F32}, {"second moment", q.v, device.F32}, {"compute copy", q.c, device.BF16},
+			{"first moment", q.m, t.moments}, {"second moment", q.v, t.moments}, {"compute copy", q.c, device.BF16},
 		} {
 			if c.t == nil && c.what == "compute copy" {
 				continue // optional
@@ -157,8 +164,10 @@ func adamStep(p, g, m, v, decay float32, a adamArgs) (p2, m2, v2 float32) {
 
 // step applies AdamW step n (1, 2, ...) to every parameter of the table, on s:
 // decoupled weight decay p·(1 − lr·wd) for the parameters that take it, then the
-// bias-corrected Adam update, and the compute copies refreshed. On a GPU it is one
-// launch of tr_adamw, as many blocks as fit on the device at once.
+// bias-corrected Adam update, and the compute copies refreshed. BF16 moments are widened,
+// stepped in float32 as F32 ones are, and rounded back to nearest even. On a GPU it is one
+// launch of tr_adamw (tr_adamw_bf16 for BF16 moments), as many blocks as fit on the device
+// at once.
 func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 	if n < 1 {
 		return fmt.Errorf("adamw: step %d, want ≥ 1", n)
@@ -170,8 +179,12 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 		C2:    float32(1 / (1 - math.Pow(h.Beta2, float64(n)))),
 	}
 	if s.Device().IsCUDA() {
+		name := "tr_adamw"
+		if t.moments == device.BF16 {
+			name = "tr_adamw_bf16"
+		}
 		if t.grid == 0 {
-			k, err := s.Device().Kernel(program, "tr_adamw")
+			k, err := s.Device().Kernel(program, name)
 			if err != nil {
 				return err
 			}
@@ -181,7 +194,7 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 			}
 			t.grid = int(max(min(t.chunks, int64(max(per, 1)*s.Device().Multiprocessors())), 1))
 		}
-		return launch(s, "tr_adamw", device.D1(t.grid), 0, t.tab, int32(len(t.ps)), t.chunks, a)
+		return launch(s, name, device.D1(t.grid), 0, t.tab, int32(len(t.ps)), t.chunks, a)
 	}
 	return s.EnqueueCPU(func() {
 		for _, q := range t.ps {
@@ -189,11 +202,26 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 			if q.decay {
 				decay = a.Decay
 			}
-			pv, gv, mv, vv := device.Slice[float32](q.p), device.Slice[float32](q.g), device.Slice[float32](q.m), device.Slice[float32](q.v)
+			pv, gv := device.Slice[float32](q.p), device.Slice[float32](q.g)
 			var cv []uint16
 			if q.c != nil {
 				cv = device.Slice[uint16](q.c)
 			}
+			if t.moments == device.BF16 {
+				mh, vh := device.Slice[uint16](q.m), device.Slice[uint16](q.v)
+				par.For(len(pv), 1<<14, func(lo, hi int) {
+					for i := lo; i < hi; i++ {
+						var m, v float32
+						pv[i], m, v = adamStep(pv[i], gv[i], device.BF16ToFloat32(mh[i]), device.BF16ToFloat32(vh[i]), decay, a)
+						mh[i], vh[i] = device.BF16FromFloat32(m), device.BF16FromFloat32(v)
+						if cv != nil {
+							cv[i] = device.BF16FromFloat32(pv[i])
+						}
+					}
+				})
+				continue
+			}
+			mv, vv := device.Slice[float32](q.m), device.Slice[float32](q.v)
 			par.For(len(pv), 1<<14, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
 					pv[i], mv[i], vv[i] = adamStep(pv[i], gv[i], mv[i], vv[i], decay, a)

@@ -23,6 +23,10 @@ type Checkpoint struct {
 	Config  ModelConfig
 	Step    int    // optimizer steps taken
 	Seed    uint64 // the seed of the data order
+	// Moments is the dtype the AdamW moments were trained in, "f32" or "bf16" (-moments;
+	// empty in checkpoints written before the flag: f32). The saved moments hold its
+	// values exactly.
+	Moments string
 	Params  []SavedTensor
 	History History
 }
@@ -32,7 +36,19 @@ type SavedTensor struct {
 	Name  string
 	Shape []int
 	Value []float32
-	M, V  []float32 // AdamW's first and second moments
+	M, V  []float32 // AdamW's first and second moments, of the checkpoint's Moments dtype
+}
+
+// momentType returns the dtype of the checkpoint's AdamW moments.
+func (ck *Checkpoint) momentType() (device.DType, error) {
+	if ck.Moments == "" {
+		return device.F32, nil
+	}
+	dt, err := device.ParseDType(ck.Moments)
+	if err != nil || (dt != device.F32 && dt != device.BF16) {
+		return 0, fmt.Errorf("AdamW moments of dtype %q, want f32 or bf16", ck.Moments)
+	}
+	return dt, nil
 }
 
 // History is the record of a training run: the mean training loss of each window of
@@ -50,7 +66,7 @@ type History struct {
 // Over several ranks every rank calls it: the experts of every rank are gathered, and
 // rank 0 writes the file.
 func (m *Model) save(path string, seed uint64, h History) error {
-	ck := Checkpoint{Version: checkpointVersion, Config: m.Config, Step: m.Step, Seed: seed, History: h}
+	ck := Checkpoint{Version: checkpointVersion, Config: m.Config, Step: m.Step, Seed: seed, Moments: m.moments.String(), History: h}
 	for _, p := range m.params {
 		st := SavedTensor{Name: p.name, Shape: slices.Clone(p.full)}
 		var err error
@@ -106,11 +122,15 @@ func readCheckpoint(path string) (*Checkpoint, error) {
 	if ck.Version != checkpointVersion {
 		return nil, fmt.Errorf("checkpoint %s: version %d, want %d", path, ck.Version, checkpointVersion)
 	}
+	if _, err := ck.momentType(); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %v", path, err)
+	}
 	return &ck, nil
 }
 
 // loadModel returns the model of a checkpoint on d, trained as o says: over R ranks,
-// each takes its experts.
+// each takes its experts. Moments of another dtype than o.Moments are converted: f32 ones
+// rounded to bf16 (nearest even), bf16 ones widened exactly.
 func loadModel(d *device.Device, ck *Checkpoint, o modelOptions) (*Model, error) {
 	m, err := newModel(d, ck.Config, 0, o)
 	if err != nil {

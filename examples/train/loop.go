@@ -53,6 +53,10 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 	if err != nil {
 		return nil, err
 	}
+	moments, err := o.momentType()
+	if err != nil {
+		return nil, err
+	}
 	pol, err := o.offloadPolicy()
 	if err != nil {
 		return nil, err
@@ -76,7 +80,7 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 		}
 		defer func() { err = errors.Join(err, s.Close()) }()
 	}
-	mo := modelOptions{DType: dt, Stream: s, Dist: dd}
+	mo := modelOptions{DType: dt, Moments: moments, Stream: s, Dist: dd}
 	if o.Offload != "" {
 		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, B, R, dt), Policy: pol}); err != nil {
 			return nil, err
@@ -89,6 +93,13 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 			return nil, err
 		}
 		fmt.Fprintf(w, "%s: resumed from %s at step %d\n", name, res.Path, m.Step)
+		if from, _ := ck.momentType(); from != moments { // readCheckpoint checked it
+			how := "rounded to nearest even"
+			if from == device.BF16 {
+				how = "exactly"
+			}
+			fmt.Fprintf(w, "%s: the checkpoint's AdamW moments are %v; converted to -moments %v (%s)\n", name, from, moments, how)
+		}
 	} else if m, err = newModel(d, cfg, o.Seed, mo); err != nil {
 		return nil, err
 	}
@@ -255,6 +266,9 @@ func (m *Model) printHeader(w io.Writer, name string, o options, B int) {
 		name, cfg.Window, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK, cfg.Layers, kind,
 		dense+expert, expert, dense+expert*cfg.TopK/cfg.Experts)
 	train := fmt.Sprintf("%v compute (f32 weights, gradients and AdamW state)", m.dt)
+	if m.moments != device.F32 {
+		train = fmt.Sprintf("%v compute (f32 weights and gradients, %v AdamW moments)", m.dt, m.moments)
+	}
 	if R > 1 {
 		train += fmt.Sprintf(", %d ranks of %d experts and %d rows each", R, cfg.Experts/R, B)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/gob"
 	"fmt"
 	"io"
 	"math"
@@ -259,6 +260,8 @@ func TestErrors(t *testing.T) {
 		{func(o *options) { o.EP = 3 }, "-batch 32 over -ep 3"},
 		{func(o *options) { o.EP, o.Batch = 8, 64 }, "-experts 4 over -ep 8"},
 		{func(o *options) { o.DType = "f16" }, "-dtype"},
+		{func(o *options) { o.Moments = "f16" }, "-moments"},
+		{func(o *options) { o.Moments = "" }, "-moments"},
 		{func(o *options) { o.Offload = "moe_mlpwi=disk" }, "-offload"},
 	} {
 		o := tinyOptions(t)
@@ -398,6 +401,89 @@ func TestBF16(t *testing.T) {
 			}
 			if want := f32.Models[i].Heldout; math.Abs(r.Heldout-want) > 0.05*want {
 				t.Errorf("%s: final held-out loss %.4f with bf16 compute, %.4f with f32 on the CPU", r.Name, r.Heldout, want)
+			}
+		}
+	})
+}
+
+// TestMoments trains the tiny dropless model with -moments bf16 on each device and checks
+// that its losses fall and end near those of f32 moments, that the checkpoint records
+// bf16 moments holding bf16 values, that they load into f32 moments exactly and back into
+// bf16 ones unchanged, and that -resume with the other -moments converts them, saying so.
+func TestMoments(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		o := tinyOptions(t)
+		o.Device, o.NoPlot, o.Capacity = d.String(), true, 0
+		f32, _ := runOK(t, o)
+		o.Out, o.Moments = t.TempDir(), "bf16"
+		rep, out := runOK(t, o)
+		if !strings.Contains(out, "bf16 AdamW moments") {
+			t.Errorf("output does not say bf16 AdamW moments:\n%s", out)
+		}
+		r := rep.Models[0]
+		if !(r.Heldout < r.First-0.5) {
+			t.Errorf("held-out loss did not fall: %.3f", r.History.Eval)
+		}
+		if want := f32.Models[0].Heldout; math.Abs(r.Heldout-want) > 0.05*want {
+			t.Errorf("final held-out loss %.4f with bf16 moments, %.4f with f32 ones", r.Heldout, want)
+		}
+		ck := dt.Must(readCheckpoint(r.Path))
+		if ck.Moments != "bf16" {
+			t.Fatalf("checkpoint's moments are %q, want bf16", ck.Moments)
+		}
+		for _, p := range ck.Params {
+			for _, x := range [][]float32{p.M, p.V} {
+				for i, y := range x {
+					if y != roundBF16(y) {
+						t.Fatalf("%s: moment %d is %v, not a bf16 value", p.Name, i, y)
+					}
+				}
+			}
+		}
+		// bf16 → f32 is exact, and f32 → bf16 then gives the bf16 values back.
+		for _, moments := range []device.DType{device.F32, device.BF16} {
+			m := dt.Must(loadModel(d, ck, modelOptions{DType: device.F32, Moments: moments}))
+			for i, p := range m.params {
+				for _, c := range []struct {
+					want []float32
+					t    *device.Tensor
+				}{{ck.Params[i].M, p.m}, {ck.Params[i].V, p.v}} {
+					if c.t.DType() != moments {
+						t.Fatalf("%s's moment is %v, want %v", p.name, c.t, moments)
+					}
+					if diff := cmp.Diff(c.want, down(t, m.s, c.t)); diff != "" {
+						t.Errorf("%v moments: %s differs from the checkpoint (-saved +loaded):\n%s", moments, p.name, diff)
+					}
+				}
+			}
+			dt.NoErr(t, m.Free())
+		}
+		// A checkpoint from before -moments holds f32 ones; one of another dtype is refused.
+		ck.Moments = ""
+		if got, err := ck.momentType(); err != nil || got != device.F32 {
+			t.Errorf("moments of a checkpoint without a dtype: %v, %v; want f32", got, err)
+		}
+		ck.Moments = "f16"
+		bad := filepath.Join(t.TempDir(), "bad.ckpt")
+		f := dt.Must(os.Create(bad))
+		dt.NoErr(t, gob.NewEncoder(f).Encode(ck))
+		dt.NoErr(t, f.Close())
+		if _, err := readCheckpoint(bad); err == nil || !strings.Contains(err.Error(), `AdamW moments of dtype "f16"`) {
+			t.Errorf("checkpoint with f16 moments: error %v", err)
+		}
+		// -resume with -moments f32 widens them, then with bf16 again rounds.
+		o.Resume, o.Steps = true, 5
+		for _, c := range []struct{ moments, note string }{
+			{"f32", "the checkpoint's AdamW moments are bf16; converted to -moments f32 (exactly)"},
+			{"bf16", "the checkpoint's AdamW moments are f32; converted to -moments bf16 (rounded to nearest even)"},
+		} {
+			o.Moments = c.moments
+			_, out := runOK(t, o)
+			if !strings.Contains(out, c.note) {
+				t.Errorf("-resume -moments %s: output lacks %q:\n%s", c.moments, c.note, out)
+			}
+			if got := dt.Must(readCheckpoint(r.Path)).Moments; got != c.moments {
+				t.Errorf("-resume -moments %s: checkpoint's moments are %q", c.moments, got)
 			}
 		}
 	})

@@ -76,6 +76,7 @@ func (c ModelConfig) epConfig() ep.Config {
 // modelOptions say how a Model is trained, beside its shape.
 type modelOptions struct {
 	DType   device.DType       // compute dtype of the MoE layers and the output projection: F32 or BF16
+	Moments device.DType       // dtype of AdamW's moments: F32 (also the zero value) or BF16
 	Stream  *device.Stream     // the stream of every op (nil: the device's default stream)
 	Dist    *dist              // the ranks training the model together (nil: one)
 	Offload *offload.Offloader // where the MoE layers' activations go during training (nil: nowhere)
@@ -83,17 +84,19 @@ type modelOptions struct {
 
 // Model is a window language model: the sum of position-specific embeddings of the
 // previous W tokens, L pre-norm residual blocks h += MoE(rmsnorm(h)), and a linear
-// output over the vocabulary after a last rmsnorm. Parameters, their gradients and
-// AdamW's moments are F32; with a BF16 compute dtype the MoE layers and the output
-// projection read BF16 copies of their weights, which AdamW refreshes. Every op is
-// enqueued on the model's stream. Over R ranks each holds E/R experts of every layer and
-// a replica of every other parameter, whose gradients it sums with the other ranks'.
+// output over the vocabulary after a last rmsnorm. Parameters and their gradients are
+// F32, AdamW's moments F32 or BF16 (modelOptions.Moments); with a BF16 compute dtype the
+// MoE layers and the output projection read BF16 copies of their weights, which AdamW
+// refreshes. Every op is enqueued on the model's stream. Over R ranks each holds E/R
+// experts of every layer and a replica of every other parameter, whose gradients it sums
+// with the other ranks'.
 type Model struct {
 	Config ModelConfig
 	Step   int // optimizer steps taken
 
 	s          *device.Stream
 	dt         device.DType
+	moments    device.DType // of AdamW's moments
 	dist       *dist
 	groups     []*ep.Group // one per layer over R > 1 ranks
 	layers     []*moe.Layer
@@ -114,8 +117,9 @@ type Model struct {
 	tl         *stepMarks // where the step's stages are marked (nil: nowhere)
 }
 
-// param is a parameter with its gradient and AdamW moments, all F32 of one shape, and
-// the BF16 copy the compute reads when the compute dtype is BF16.
+// param is a parameter with its gradient, F32, and AdamW moments, of the model's moment
+// dtype, all of one shape, and the BF16 copy the compute reads when the compute dtype is
+// BF16.
 type param struct {
 	name       string
 	shape      []int // this rank's
@@ -190,6 +194,13 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if err := computeType("compute dtype", o.DType); err != nil {
 		return nil, err
 	}
+	moments := o.Moments
+	if moments == device.Invalid {
+		moments = device.F32
+	}
+	if err := computeType("AdamW's moment dtype", moments); err != nil {
+		return nil, err
+	}
 	s := o.Stream
 	if s == nil {
 		s = d.Stream()
@@ -198,7 +209,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if cfg.Experts%R != 0 {
 		return nil, fmt.Errorf("-experts %d over %d ranks: want a multiple of the ranks", cfg.Experts, R)
 	}
-	m := &Model{Config: cfg, s: s, dt: o.DType, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
+	m := &Model{Config: cfg, s: s, dt: o.DType, moments: moments, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
 	for range cfg.Layers {
 		var g *ep.Group
 		if R > 1 {
@@ -269,7 +280,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 		} else {
 			dpOff += alignUp(len(vals), gradAlign)
 		}
-		p.m, p.v = m.mem.Alloc(device.F32, p.shape...), m.mem.Alloc(device.F32, p.shape...)
+		p.m, p.v = m.mem.Alloc(moments, p.shape...), m.mem.Alloc(moments, p.shape...)
 		if sp.compute && o.DType == device.BF16 {
 			p.c = m.mem.Alloc(device.BF16, p.shape...)
 		}

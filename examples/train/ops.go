@@ -133,8 +133,12 @@ func embedNorm(s *device.Stream, h, xn, rstd, emb, tok *device.Tensor, W, V int)
 	}
 	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_embed_norm_"+xn.DType().String(), device.D1(max(B, 1)), 0,
-			h, xn, rstd, emb, tok, int32(B), int32(W), int32(ld), int32(V), int32(H), float32(rmsEps))
+		// Groups of 4 columns, each thread keeping up to 4 of them, where every row is aligned
+		// and the table's byte offsets fit an int32.
+		vec := H%4 == 0 && H <= 16*threads && int64(emb.Bytes()) <= math.MaxInt32 &&
+			h.Ptr()%16 == 0 && emb.Ptr()%16 == 0 && xn.Ptr()%uintptr(4*xn.DType().Size()) == 0
+		return launch(s, "tr_embed_norm_"+xn.DType().String(), device.D1(max(B, 1)), 4*W,
+			h, xn, rstd, emb, tok, int32(B), int32(W), int32(ld), int32(V), int32(H), float32(rmsEps), vec)
 	}
 	return s.EnqueueCPU(func() {
 		hv, ev, tv, rv, xo := device.Slice[float32](h), device.Slice[float32](emb), device.Slice[int32](tok), device.Slice[float32](rstd), rowsOf(xn)

@@ -244,8 +244,9 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 	case stageEmbedBwd:
 		return 0, 4 * (W*b*H + W*V*H)
 	case stageAdamW:
+		ms := float64(m.moments.Size())
 		for _, p := range m.params {
-			bytes += float64(p.w.Len()) * 28
+			bytes += float64(p.w.Len()) * (12 + 4*ms) // p, g, m, v read; p, m, v written
 			if p.c != nil {
 				bytes += float64(p.c.Len()) * 2
 			}

@@ -1,9 +1,9 @@
 // Kernels of the training example: the dense parts of the model around the MoE layers.
-// Row-major tensors; the residual stream, norms' statistics, logits and optimizer state
-// are f32; the inputs of the MoE layers and of the output projection, and the gradients
-// that flow into them, are of the compute type T (f32 or bf16: kernels named _f32 and
-// _bf16). Token ids are int32. Every sum has a fixed order (no atomics on floats), so
-// results do not change from run to run.
+// Row-major tensors; the residual stream, norms' statistics, logits, weights and gradients
+// are f32, AdamW's moments f32 or bf16; the inputs of the MoE layers and of the output
+// projection, and the gradients that flow into them, are of the compute type T (f32 or
+// bf16: kernels named _f32 and _bf16). Token ids are int32. Every sum has a fixed order (no
+// atomics on floats), so results do not change from run to run.
 
 #include "dl.cuh"
 
@@ -12,25 +12,123 @@ __device__ __forceinline__ float tr_ld(const u16 *p) { return dl_bf16_to_f32(*p)
 __device__ __forceinline__ void tr_st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void tr_st(u16 *p, float v) { *p = dl_f32_to_bf16(v); }
 
-// One block of 256 threads per row b: h[b, :] = sum over w < W of emb[w*V + tok[b*ld + w], :]
-// (ids outside [0, V) add nothing), then its RMS norm without a scale: rstd[b] =
-// 1/sqrt(mean(h[b, :]²) + eps) and xn[b, :] = T(h[b, :]·rstd[b]).
+// The bf16 copies of four elements, for one 8-byte store.
+__device__ __forceinline__ uint2 tr_bf16x4(float4 p) {
+    return make_uint2((u32)dl_f32_to_bf16(p.x) | ((u32)dl_f32_to_bf16(p.y) << 16),
+                      (u32)dl_f32_to_bf16(p.z) | ((u32)dl_f32_to_bf16(p.w) << 16));
+}
+
+// Four consecutive elements, 16-byte aligned for f32 and 8-byte aligned for bf16: as loaded
+// (tr_raw_ld4, of type tr_raw4<T>::t), widened to f32 (tr_wide4), or both (tr_ld4).
+template <typename T>
+struct tr_raw4;
+template <>
+struct tr_raw4<float> {
+    typedef float4 t;
+};
+template <>
+struct tr_raw4<u16> {
+    typedef uint2 t;
+};
+__device__ __forceinline__ float4 tr_raw_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ uint2 tr_raw_ld4(const u16 *p) { return *reinterpret_cast<const uint2 *>(p); }
+__device__ __forceinline__ float4 tr_wide4(float4 r) { return r; }
+__device__ __forceinline__ float4 tr_wide4(uint2 u) {
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+template <typename T>
+__device__ __forceinline__ float4 tr_ld4(const T *p) {
+    return tr_wide4(tr_raw_ld4(p));
+}
+__device__ __forceinline__ void tr_st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+__device__ __forceinline__ void tr_st4(u16 *p, float4 v) { *reinterpret_cast<uint2 *>(p) = tr_bf16x4(v); }
+
+__device__ __forceinline__ void tr_add4(float4 &a, float4 e) {
+    a.x += e.x;
+    a.y += e.y;
+    a.z += e.z;
+    a.w += e.w;
+}
+
+#define TR_EMB_VEC 4    // groups of 4 columns a thread of tr_embed_norm keeps with vec
+#define TR_EMB_FLIGHT 8 // table rows whose loads tr_embed_norm issues before it adds them
+
+// One block of 256 threads per row b: h[b, :] = sum over w < W of emb[w*V + tok[b*ld + w], :],
+// added in increasing w (ids outside [0, V) add nothing), then its RMS norm without a scale:
+// rstd[b] = 1/sqrt(mean(h[b, :]²) + eps) and xn[b, :] = T(h[b, :]·rstd[b]). Warp 0 lists the
+// table rows of the row's valid ids once, in increasing w, in dynamic shared memory (W ints),
+// so that the sums need no branch. With vec (H a multiple of 4 and at most
+// 4·TR_EMB_VEC·blockDim.x; emb, h and xn 16-byte aligned, 8 for bf16; emb under 2 GiB, the
+// list then holding the rows' byte offsets) a thread adds up to TR_EMB_VEC groups of 4 columns
+// with 16-byte loads, TR_EMB_FLIGHT table rows in flight, and keeps them in registers for the
+// norm; else one column at a time.
 template <typename T>
 __device__ void tr_embed_norm(float *__restrict__ h, T *__restrict__ xn, float *__restrict__ rstd,
                               const float *__restrict__ emb, const int *__restrict__ tok, int B, int W,
-                              int ld, int V, int H, float eps) {
+                              int ld, int V, int H, float eps, int vec) {
+    extern __shared__ int tr_rows[];
     __shared__ float red[32];
+    __shared__ int nrows;
     int b = blockIdx.x;
     if (b >= B) return;
-    const int *tb = tok + (i64)b * ld;
+    if (threadIdx.x < 32) {
+        const int *tb = tok + (i64)b * ld;
+        int lane = threadIdx.x, n = 0;
+        for (int w0 = 0; w0 < W; w0 += 32) {
+            int w = w0 + lane, v = w < W ? tb[w] : -1;
+            bool ok = v >= 0 && v < V;
+            unsigned m = __ballot_sync(DL_FULL, ok);
+            if (ok) tr_rows[n + __popc(m & ((1u << lane) - 1u))] = (w * V + v) * (vec ? 4 * H : 1);
+            n += __popc(m);
+        }
+        if (lane == 0) nrows = n;
+    }
+    __syncthreads();
+    const int n = nrows;
     float *hr = h + (i64)b * H;
     float ss = 0.f;
+    if (vec) {
+        const int H4 = H >> 2;
+        float4 acc[TR_EMB_VEC];
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (j4 < H4) {
+                const char *ej = reinterpret_cast<const char *>(emb + 4 * j4); // + a row's byte offset
+                int i = 0;
+                for (; i + TR_EMB_FLIGHT <= n; i += TR_EMB_FLIGHT) {
+                    float4 e[TR_EMB_FLIGHT];
+#pragma unroll
+                    for (int u = 0; u < TR_EMB_FLIGHT; u++)
+                        e[u] = tr_ld4(reinterpret_cast<const float *>(ej + tr_rows[i + u]));
+#pragma unroll
+                    for (int u = 0; u < TR_EMB_FLIGHT; u++) tr_add4(a, e[u]);
+                }
+                for (; i < n; i++) tr_add4(a, tr_ld4(reinterpret_cast<const float *>(ej + tr_rows[i])));
+                tr_st4(hr + 4 * j4, a);
+                ss += a.x * a.x;
+                ss += a.y * a.y;
+                ss += a.z * a.z;
+                ss += a.w * a.w;
+            }
+            acc[q] = a;
+        }
+        ss = dl_block_sum(ss, red);
+        float r = 1.f / sqrtf(ss / (float)H + eps);
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            float4 a = acc[q];
+            if (j4 < H4) tr_st4(xn + (i64)b * H + 4 * j4, make_float4(a.x * r, a.y * r, a.z * r, a.w * r));
+        }
+        if (threadIdx.x == 0) rstd[b] = r;
+        return;
+    }
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
         float acc = 0.f;
-        for (int w = 0; w < W; w++) {
-            int v = tb[w];
-            if (v >= 0 && v < V) acc += emb[((i64)w * V + v) * H + j];
-        }
+        for (int i = 0; i < n; i++) acc += emb[(i64)tr_rows[i] * H + j];
         hr[j] = acc;
         ss += acc * acc;
     }
@@ -116,8 +214,8 @@ __device__ void tr_softmax_ce(float *__restrict__ loss, T *__restrict__ dlogits,
 #define TR_TYPED(NAME, T)                                                                                      \
     extern "C" __global__ void tr_embed_norm_##NAME(float *h, T *xn, float *rstd, const float *emb,            \
                                                     const int *tok, int B, int W, int ld, int V, int H,        \
-                                                    float eps) {                                               \
-        tr_embed_norm<T>(h, xn, rstd, emb, tok, B, W, ld, V, H, eps);                                          \
+                                                    float eps, int vec) {                                      \
+        tr_embed_norm<T>(h, xn, rstd, emb, tok, B, W, ld, V, H, eps, vec);                                     \
     }                                                                                                          \
     extern "C" __global__ void tr_add_norm_##NAME(float *ho, T *xn, float *rstd, const float *hi, const T *y, \
                                                   int B, int H, float eps) {                                   \
@@ -227,17 +325,19 @@ extern "C" __global__ void tr_embed_bwd(float *__restrict__ demb, const float *_
     demb[(i64)row * H + j] = acc;
 }
 
-// One parameter of the multi-tensor AdamW step: its tensors (c, the compute copy in bf16,
-// may be null), its n elements, the first of its chunks, whether weight decay applies,
-// and shift: with shift in [0, 4) every tensor's element 0 sits at position shift of a
-// 16-byte group of f32 (8-byte group of bf16), so that the kernel moves 4 elements at a
-// time, its groups starting at element -shift; -1: the tensors do not share an
-// alignment and the kernel moves one element at a time.
+// One parameter of the multi-tensor AdamW step: its tensors (the moments m and v of the
+// step's moment type M, float or u16 for bf16; c, the compute copy in bf16, may be null), its
+// n elements, the first of its chunks, whether weight decay applies, and shift: with shift in
+// [0, 4) every tensor's element 0 sits at position shift of a 16-byte group of f32 (8-byte
+// group of bf16), so that the kernel moves 4 elements at a time, its groups starting at
+// element -shift; -1: the tensors do not share an alignment and the kernel moves one element
+// at a time.
+template <typename M>
 struct tr_adam_param {
     float *p;
     const float *g;
-    float *m;
-    float *v;
+    M *m;
+    M *v;
     u16 *c;
     i64 n;
     i64 chunk0;
@@ -275,31 +375,27 @@ __device__ __forceinline__ void tr_adam4(float4 &p, float4 g, float4 &m, float4 
     p.w = tr_adam1(p.w, g.w, m.w, v.w, decay, hp, ob1, ob2);
 }
 
-// The bf16 copies of four elements, for one 8-byte store.
-__device__ __forceinline__ uint2 tr_bf16x4(float4 p) {
-    return make_uint2((u32)dl_f32_to_bf16(p.x) | ((u32)dl_f32_to_bf16(p.y) << 16),
-                      (u32)dl_f32_to_bf16(p.z) | ((u32)dl_f32_to_bf16(p.w) << 16));
-}
-
-// Elements [i, i+4) of q, 16-byte aligned (8 for c): loaded, stepped, stored.
-__device__ __forceinline__ void tr_adam_group(const tr_adam_param &q, i64 i, float decay, const tr_adam_hyper &hp,
-                                              float ob1, float ob2) {
-    float4 g = *reinterpret_cast<const float4 *>(q.g + i), m = *reinterpret_cast<const float4 *>(q.m + i);
-    float4 v = *reinterpret_cast<const float4 *>(q.v + i), p = *reinterpret_cast<const float4 *>(q.p + i);
+// Elements [i, i+4) of q, 16-byte aligned (8 for bf16): loaded, stepped, stored (the moments
+// rounded to M, computed in f32).
+template <typename M>
+__device__ __forceinline__ void tr_adam_group(const tr_adam_param<M> &q, i64 i, float decay,
+                                              const tr_adam_hyper &hp, float ob1, float ob2) {
+    float4 g = tr_ld4(q.g + i), m = tr_ld4(q.m + i), v = tr_ld4(q.v + i), p = tr_ld4(q.p + i);
     tr_adam4(p, g, m, v, decay, hp, ob1, ob2);
-    *reinterpret_cast<float4 *>(q.m + i) = m;
-    *reinterpret_cast<float4 *>(q.v + i) = v;
-    *reinterpret_cast<float4 *>(q.p + i) = p;
-    if (q.c != 0) *reinterpret_cast<uint2 *>(q.c + i) = tr_bf16x4(p);
+    tr_st4(q.m + i, m);
+    tr_st4(q.v + i, v);
+    tr_st4(q.p + i, p);
+    if (q.c != 0) tr_st4(q.c + i, p);
 }
 
 // Element i of q: loaded, stepped, stored.
-__device__ __forceinline__ void tr_adam_elem(const tr_adam_param &q, i64 i, float decay, const tr_adam_hyper &hp,
-                                             float ob1, float ob2) {
-    float m = q.m[i], v = q.v[i];
+template <typename M>
+__device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M> &q, i64 i, float decay,
+                                             const tr_adam_hyper &hp, float ob1, float ob2) {
+    float m = tr_ld(&q.m[i]), v = tr_ld(&q.v[i]);
     float p = tr_adam1(q.p[i], q.g[i], m, v, decay, hp, ob1, ob2);
-    q.m[i] = m;
-    q.v[i] = v;
+    tr_st(&q.m[i], m);
+    tr_st(&q.v[i], v);
     q.p[i] = p;
     if (q.c != 0) q.c[i] = dl_f32_to_bf16(p);
 }
@@ -308,22 +404,26 @@ __device__ __forceinline__ void tr_adam_elem(const tr_adam_param &q, i64 i, floa
 // TR_ADAM_CHUNK elements in all, each parameter's chunks after those of the entries
 // before it): m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g·g, p = p·decay − lr·(m·c1)/(sqrt(v·c2)
 // + eps), decay being 1 for parameters without weight decay, and c = bf16(p) where c is
-// given. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
+// given; with bf16 moments (tr_adamw_bf16) m and v are widened exactly, the step is the
+// same f32 arithmetic, and the new m and v are rounded to bf16 (nearest even) as they are
+// stored. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
 // as many blocks as fit on the device at once). A chunk of a parameter with shift ≥ 0
 // is 512 groups of 4 elements, the first group of chunk k at element 2048·k − shift:
 // each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
-// in flight) before it computes and stores them (16-byte stores, 8-byte ones of c); the
-// groups that the parameter's ends cut, in its first and last chunk, go element by
-// element. (Four groups a thread would keep more bytes in flight, but ptxas then spills
-// around the calls of the division's slow path; with two, 58 registers (NVRTC 11.8,
-// sm_90) let four blocks share a multiprocessor, 128 KB in flight on each.)
-extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
-    tr_adamw(const tr_adam_param *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
+// in flight; 8-byte ones of bf16 moments, 96 bytes) before it computes and stores them
+// (16-byte stores, 8-byte ones of bf16); the groups that the parameter's ends cut, in its
+// first and last chunk, go element by element. (Four groups a thread would keep more bytes
+// in flight, but ptxas then spills around the calls of the division's slow path; with two,
+// 58 registers (NVRTC 11.8, sm_90; 56 with bf16 moments, which stay packed until they are
+// computed) let four blocks share a multiprocessor, 128 KB in flight on each.)
+template <typename M>
+__device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M> *__restrict__ tab, int np, i64 nchunks,
+                                              const tr_adam_hyper &hp) {
     const float ob1 = __fsub_rn(1.f, hp.b1), ob2 = __fsub_rn(1.f, hp.b2);
     int e = 0; // chunks only grow along the loop, so the entry search goes on from the last
     for (i64 ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
         while (e + 1 < np && tab[e + 1].chunk0 <= ch) e++;
-        const tr_adam_param q = tab[e];
+        const tr_adam_param<M> q = tab[e];
         const float decay = q.decay ? hp.decay : 1.f;
         const i64 k = ch - q.chunk0;
         if (q.shift < 0) {
@@ -334,23 +434,25 @@ extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
         const i64 lo = k * TR_ADAM_CHUNK - q.shift; // element of the chunk's first group
         const i64 t0 = lo + 4 * (i64)threadIdx.x;   // this thread's first group
         if (lo >= 0 && lo + TR_ADAM_CHUNK <= q.n) {
-            float4 g[TR_ADAM_VEC], m[TR_ADAM_VEC], v[TR_ADAM_VEC], p[TR_ADAM_VEC];
+            float4 g[TR_ADAM_VEC], p[TR_ADAM_VEC];
+            typename tr_raw4<M>::t m[TR_ADAM_VEC], v[TR_ADAM_VEC]; // widened when computed
 #pragma unroll
             for (int u = 0; u < TR_ADAM_VEC; u++) {
                 i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
-                g[u] = *reinterpret_cast<const float4 *>(q.g + i);
-                m[u] = *reinterpret_cast<const float4 *>(q.m + i);
-                v[u] = *reinterpret_cast<const float4 *>(q.v + i);
-                p[u] = *reinterpret_cast<const float4 *>(q.p + i);
+                g[u] = tr_ld4(q.g + i);
+                m[u] = tr_raw_ld4(q.m + i);
+                v[u] = tr_raw_ld4(q.v + i);
+                p[u] = tr_ld4(q.p + i);
             }
 #pragma unroll
             for (int u = 0; u < TR_ADAM_VEC; u++) {
                 i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
-                tr_adam4(p[u], g[u], m[u], v[u], decay, hp, ob1, ob2);
-                *reinterpret_cast<float4 *>(q.m + i) = m[u];
-                *reinterpret_cast<float4 *>(q.v + i) = v[u];
-                *reinterpret_cast<float4 *>(q.p + i) = p[u];
-                if (q.c != 0) *reinterpret_cast<uint2 *>(q.c + i) = tr_bf16x4(p[u]);
+                float4 mu = tr_wide4(m[u]), vu = tr_wide4(v[u]);
+                tr_adam4(p[u], g[u], mu, vu, decay, hp, ob1, ob2);
+                tr_st4(q.m + i, mu);
+                tr_st4(q.v + i, vu);
+                tr_st4(q.p + i, p[u]);
+                if (q.c != 0) tr_st4(q.c + i, p[u]);
             }
             continue;
         }
@@ -364,6 +466,16 @@ extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
+    tr_adamw(const tr_adam_param<float> *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
+    tr_adamw_step(tab, np, nchunks, hp);
+}
+
+extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
+    tr_adamw_bf16(const tr_adam_param<u16> *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
+    tr_adamw_step(tab, np, nchunks, hp);
 }
 
 // out[i] = Σ_r in[r*n + i] over the R ranks' gradients gathered side by side, in rank
