@@ -6,7 +6,6 @@ import (
 
 	"github.com/dropless/dropless/device"
 	"github.com/dropless/dropless/ep"
-	"github.com/dropless/dropless/gemm"
 	"github.com/dropless/dropless/offload"
 )
 
@@ -211,10 +210,11 @@ func (a *Activations) Stats(s *device.Stream) (Stats, error) {
 }
 
 // recompute returns the functions that rebuild each activation the offloader dropped.
-func (l *Layer) recompute(s *device.Stream, act *Activations) (xp, h, a, yp, hs, as func() (*device.Tensor, error)) {
-	c, p := l.cfg, act.p
+// The expert GEMMs run as in Forward, in ex's precision, so that what they rebuild is
+// bit for bit what Forward computed.
+func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, h, a, yp, hs, as func() (*device.Tensor, error)) {
+	c := l.cfg
 	T, H, F, Fs, dt, R := act.x.Dim(0), c.Hidden, c.FFN, c.SharedFFN, act.x.DType(), act.rows
-	o := l.gemmOpt(false)
 	build := func(shape []int, fn func(out *device.Tensor) error) (*device.Tensor, error) {
 		t, err := s.Alloc(dt, shape...)
 		if err != nil {
@@ -241,7 +241,7 @@ func (l *Layer) recompute(s *device.Stream, act *Activations) (xp, h, a, yp, hs,
 		if err != nil {
 			return nil, err
 		}
-		return build([]int{R, 2 * F}, func(t *device.Tensor) error { return gemm.RaggedDot(s, t, in, p.W1, act.counts, o) })
+		return build([]int{R, 2 * F}, func(t *device.Tensor) error { return ex.dot(t, in, false) })
 	}
 	a = func() (*device.Tensor, error) {
 		in, err := act.get(s, &act.h, h)
@@ -255,7 +255,7 @@ func (l *Layer) recompute(s *device.Stream, act *Activations) (xp, h, a, yp, hs,
 		if err != nil {
 			return nil, err
 		}
-		return build([]int{R, H}, func(t *device.Tensor) error { return gemm.RaggedDot(s, t, in, p.W2, act.counts, o) })
+		return build([]int{R, H}, func(t *device.Tensor) error { return ex.dot(t, in, true) })
 	}
 	hs = func() (*device.Tensor, error) {
 		return build([]int{T, 2 * Fs}, func(t *device.Tensor) error { return l.sharedWi(s, act, t) })

@@ -4,14 +4,16 @@ import (
 	"errors"
 
 	"github.com/dropless/dropless/device"
-	"github.com/dropless/dropless/gemm"
 )
 
 // Backward computes the gradients of the loss from dy[T,H] (the gradient of Forward's
 // y) and the activations of that Forward, into g, on s; nothing waits for the device.
 // With RouterConfig.AuxLoss > 0 the gradient of the auxiliary loss (upstream gradient
 // 1) is included in g.X and g.Router. Free the activations after. The gradients must
-// not alias each other, dy, the input or a parameter.
+// not alias each other, dy, the input or a parameter. With an FP8 Config.Precision the
+// expert GEMMs use the quantized W1 and W2 that Forward used (quantized again from the
+// unchanged Params after an InvalidateWeights since) and quantize their other operands
+// as Precision says.
 func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Activations) error {
 	if l == nil {
 		return errors.New("moe: Layer.Backward: nil Layer")
@@ -62,7 +64,11 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	R := act.rows
 	tmp := device.NewTemps(s)
 	defer tmp.Free()
-	reXp, reH, reA, reYp, reHs, reAs := l.recompute(s, act)
+	ex, err := l.experts(s, act, tmp)
+	if err != nil {
+		return err
+	}
+	reXp, reH, reA, reYp, reHs, reAs := l.recompute(s, act, ex)
 	// Reloads in order of use, one ahead.
 	for _, sl := range []*saved{&act.yp, &act.a} {
 		if err := act.prefetch(sl); err != nil {
@@ -103,8 +109,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := tmp.Err(); err != nil {
 		return err
 	}
-	o, ow := l.gemmOpt(false), l.gemmOpt(g.Accumulate)
-	if err := gemm.RaggedDotInputGrad(s, da, dyp, p.W2, act.counts, o); err != nil {
+	if err := ex.inputGrad(da, dyp, true); err != nil {
 		return err
 	}
 	if g.W2 != nil {
@@ -112,7 +117,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		if err != nil {
 			return err
 		}
-		if err := gemm.RaggedDotWeightGrad(s, g.W2, a, dyp, act.counts, ow); err != nil {
+		if err := ex.weightGrad(g.W2, a, dyp, g.Accumulate); err != nil {
 			return err
 		}
 	}
@@ -142,7 +147,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := tmp.Err(); err != nil {
 		return err
 	}
-	if err := gemm.RaggedDotInputGrad(s, dxp, dh, p.W1, act.counts, o); err != nil {
+	if err := ex.inputGrad(dxp, dh, false); err != nil {
 		return err
 	}
 	if g.W1 != nil {
@@ -150,7 +155,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		if err != nil {
 			return err
 		}
-		if err := gemm.RaggedDotWeightGrad(s, g.W1, xp, dh, act.counts, ow); err != nil {
+		if err := ex.weightGrad(g.W1, xp, dh, g.Accumulate); err != nil {
 			return err
 		}
 	}

@@ -23,6 +23,13 @@ type Config struct {
 	// 0: dropless, every assignment is computed.
 	CapacityFactor float64
 	Layout         gemm.WeightLayout // layout of W1, W2, SharedW1, SharedW2 and their gradients
+	// Precision is the arithmetic of the routed experts' GEMMs: PrecisionBF16 (the zero
+	// value: the parameters' dtype), or an FP8 recipe, PrecisionBlockwise or
+	// PrecisionMXFP8, which needs Hidden and FFN multiples of 16. Parameters, gradients,
+	// the optimizer and everything outside those GEMMs (router, shared expert) are
+	// unchanged. An FP8 layer caches W1 and W2 quantized: after changing them in place,
+	// call Layer.InvalidateWeights (see Precision).
+	Precision Precision
 
 	// EP, when set, runs the experts in parallel over the group's ranks: each rank
 	// routes its own tokens, dispatches them to the ranks of their experts, runs its
@@ -56,6 +63,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("moe: Config.CapacityFactor = %v, want a finite value ≥ 0", c.CapacityFactor)
 	case c.Layout != gemm.KN && c.Layout != gemm.NK:
 		return fmt.Errorf("moe: Config.Layout = %v, want KN or NK", c.Layout)
+	case !c.Precision.valid():
+		return fmt.Errorf("moe: Config.Precision = %v, want PrecisionBF16, PrecisionBlockwise or PrecisionMXFP8", c.Precision)
+	case c.Precision.fp8() && c.Hidden%fp8Align != 0:
+		return fmt.Errorf("moe: Config.Hidden = %d with Config.Precision %v: want a multiple of %d (FP8 weight rows of whole 16-byte units)", c.Hidden, c.Precision, fp8Align)
+	case c.Precision.fp8() && c.FFN%fp8Align != 0:
+		return fmt.Errorf("moe: Config.FFN = %d with Config.Precision %v: want a multiple of %d (FP8 weight rows of whole 16-byte units)", c.FFN, c.Precision, fp8Align)
 	}
 	if c.EP != nil {
 		g := c.EP.Config()

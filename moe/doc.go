@@ -77,6 +77,37 @@
 // expert's) to an offload.Offloader as soon as Forward is done with each; Backward
 // prefetches them one ahead, and recomputes those the policy dropped.
 //
+// # Precisions
+//
+// Config.Precision picks the arithmetic of the six routed-expert GEMMs. PrecisionBF16,
+// the default, runs them in the parameters' dtype (bf16 or f32). The FP8 precisions,
+// PrecisionBlockwise (DeepSeek-V3: E4M3 with an f32 scale per 1×128 block of an
+// activation or gradient and per 128×128 block of a weight) and PrecisionMXFP8 (OCP MX:
+// E4M3 with an E8M0 scale per 32 elements), quantize each operand with package quant
+// right before its GEMM, which is gemm's FP8 form (RaggedDotBlockwise or RaggedDotMXFP8
+// and their gradients):
+//
+//	h   = xp·W1     xp rowwise                      W1 as KMajor (cached)
+//	yp  = a·W2      a rowwise                       W2 as KMajor (cached)
+//	da  = dyp·W2ᵀ   dyp rowwise                     W2 as NMajor (cached)
+//	dW2 = aᵀ·dyp    a and dyp columnwise, transposed, in token blocks that restart at
+//	                each expert
+//	dxp = dh·W1ᵀ    dh rowwise                      W1 as NMajor (cached)
+//	dW1 = xpᵀ·dh    xp and dh columnwise, transposed, per expert
+//
+// The columnwise quantizations need group sizes that sum to the rows they cover: with
+// Config.EP those are the kept rows; without, all rows, the unused rows of a capacity
+// layer (zeros) counted in the last expert's group. Everything else is unchanged: the
+// router, the permutation or dispatch, SwiGLU, the combine, the shared expert, the
+// activations kept for Backward (offloaded or recomputed as before; recomputation
+// quantizes alike, so it rebuilds them bit for bit), and the parameters, gradients and
+// optimizer in their own dtypes. The layer quantizes W1 and W2 once and reuses them
+// while Params holds the same tensors: after changing them in place (each optimizer
+// step) call Layer.InvalidateWeights, or the next steps silently use the old values.
+// Against the bf16 layer on random data the outputs and gradients differ by about 6%
+// (blockwise) and 7% (MXFP8) in relative Frobenius norm, the rounding of four to six
+// E4M3 operands of about 2.6% each. Hidden and FFN must be multiples of 16.
+//
 // # Cost
 //
 // Beside its six grouped GEMMs (6·T·K·H·F flops forward, twice that backward), a step

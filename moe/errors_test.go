@@ -40,6 +40,10 @@ func TestConfigErrors(t *testing.T) {
 		{Config{Hidden: 4, FFN: 4, CapacityFactor: -1, Router: ok}, "CapacityFactor"},
 		{Config{Hidden: 4, FFN: 4, Layout: 5, Router: ok}, "Layout"},
 		{Config{Hidden: 4, FFN: 4}, "Experts = 0"},
+		{Config{Hidden: 16, FFN: 16, Precision: 3, Router: ok}, "Config.Precision = Precision(3), want PrecisionBF16, PrecisionBlockwise or PrecisionMXFP8"},
+		{Config{Hidden: 16, FFN: 16, Precision: -1, Router: ok}, "Config.Precision = Precision(-1)"},
+		{Config{Hidden: 20, FFN: 16, Precision: PrecisionBlockwise, Router: ok}, "Config.Hidden = 20 with Config.Precision blockwise: want a multiple of 16"},
+		{Config{Hidden: 16, FFN: 24, Precision: PrecisionMXFP8, Router: ok}, "Config.FFN = 24 with Config.Precision mxfp8: want a multiple of 16"},
 	} {
 		_, err := NewLayer(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	"github.com/dropless/dropless/device"
-	"github.com/dropless/dropless/gemm"
 )
 
 // Forward computes y[T,H] = Σ_k weight[t,k]·expert_{e_tk}(x[t]) (+ shared(x[t])) for
@@ -12,7 +11,9 @@ import (
 // s. Everything is enqueued on s; nothing waits for the device, except the count
 // exchange of Config.EP. It returns the activations Backward needs; they reference x
 // and p, which must stay unchanged until Backward. Free them when done. y must not
-// alias x or a parameter.
+// alias x or a parameter. With an FP8 Config.Precision the expert GEMMs use the layer's
+// quantized W1 and W2, quantized now unless cached for these tensors: call
+// InvalidateWeights after changing them in place, or Forward uses the old values.
 func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Activations, error) {
 	if l == nil {
 		return nil, errors.New("moe: Layer.Forward: nil Layer")
@@ -96,8 +97,11 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		return fail(err)
 	}
 	act.h.t, act.a.t, act.yp.t = h, a, yp
-	o := l.gemmOpt(false)
-	if err := gemm.RaggedDot(s, h, xp, p.W1, act.counts, o); err != nil {
+	ex, err := l.experts(s, act, nil)
+	if err != nil {
+		return fail(err)
+	}
+	if err := ex.dot(h, xp, false); err != nil {
 		return fail(err)
 	}
 	l.mark(s, "gemm")
@@ -111,7 +115,7 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 	if err := act.keep(s, &act.h, ActWi, h); err != nil {
 		return fail(err)
 	}
-	if err := gemm.RaggedDot(s, yp, a, p.W2, act.counts, o); err != nil {
+	if err := ex.dot(yp, a, true); err != nil {
 		return fail(err)
 	}
 	l.mark(s, "gemm")

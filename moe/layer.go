@@ -1,15 +1,25 @@
 package moe
 
-import "github.com/dropless/dropless/device"
+import (
+	"sync"
+
+	"github.com/dropless/dropless/device"
+)
 
 // Layer is an MoE layer: router, permutation (or expert-parallel dispatch), SwiGLU
-// experts through ragged_dot, the weighted combine and an optional shared expert. It
-// holds no tensors; one Layer may serve many calls.
+// experts through ragged_dot, the weighted combine and an optional shared expert. One
+// Layer may serve many calls. With PrecisionBF16 it holds no tensors; with an FP8
+// Config.Precision it caches W1 and W2 quantized (see InvalidateWeights), those of one
+// Params at a time: a Layer that serves several sets of weights in turn quantizes them
+// again at each switch, so give each its own Layer.
 type Layer struct {
 	cfg Config
 	// trace, when set (by benchmarks), is called on the stream after each stage of
 	// Forward and Backward with the stage's name.
 	trace func(s *device.Stream, stage string)
+
+	mu sync.Mutex  // guards q
+	q  *fp8Weights // FP8 precisions: W1 and W2 quantized, or nil
 }
 
 func (l *Layer) mark(s *device.Stream, stage string) {

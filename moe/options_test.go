@@ -33,6 +33,13 @@ func TestLayerEP(t *testing.T) {
 		{"sigmoid_groups_4ranks", Config{Hidden: 16, FFN: 8,
 			Router: RouterConfig{Experts: 8, TopK: 2, Score: Sigmoid, Groups: 4, TopKGroups: 2, Renormalize: true, Scale: 2.5, AuxLoss: 0.5}},
 			[]int{20, 0, 30, 14}},
+		// FP8: quantized after the dispatch. Each expert's rows fit one block of tokens,
+		// so that the weight gradients' scales match the one-device layer's, whose rows
+		// come in another order.
+		{"blockwise_2ranks", Config{Hidden: 32, FFN: 16, SharedFFN: 16, Precision: PrecisionBlockwise,
+			Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.5}}, []int{40, 24}},
+		{"mxfp8_4ranks", Config{Hidden: 32, FFN: 16, Precision: PrecisionMXFP8,
+			Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.5}}, []int{6, 0, 10, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testLayerEP(t, tc.cfg, tc.tokens)
@@ -171,7 +178,8 @@ func (f *fakeT) Fatalf(format string, args ...any) {
 func (f *fakeT) Errorf(format string, args ...any) { f.Fatalf(format, args...) }
 
 // TestLayerOffload runs the layer with activations offloaded, kept or dropped for
-// recompute: results are bit-identical to the plain layer's.
+// recompute, in each precision: results are bit-identical to the plain layer's (an
+// FP8 layer recomputes with the same quantizations).
 func TestLayerOffload(t *testing.T) {
 	cfg := Config{Hidden: 32, FFN: 16, SharedFFN: 8,
 		Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.01}}
@@ -182,33 +190,36 @@ func TestLayerOffload(t *testing.T) {
 	}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		r := dt.Rand(800)
-		l := newRef(r, cfg, 96, false, device.BF16, device.F32)
+		l0 := newRef(r, cfg, 96, false, device.BF16, device.F32)
 		gy := randn(r, device.BF16, 96*cfg.Hidden, 1)
-		plain := runLayer(t, d, l, device.BF16, device.F32, gy)
-		for _, pol := range policies {
-			for _, pool := range []int{1 << 20, 4096} { // room for all; room for few (kept on the device)
-				t.Run(fmt.Sprint(pol, "/pool=", pool), func(t *testing.T) {
-					o := dt.Must(offload.New(d, offload.Config{PoolBytes: pool, Policy: offload.MustParsePolicy(pol)}))
-					defer o.Close()
-					lc := *l
-					lc.cfg.Offload = o
-					got := runLayer(t, d, &lc, device.BF16, device.F32, gy)
-					dt.NoErr(t, o.Synchronize())
-					got.stats, plain.stats = Stats{}, Stats{}
-					if diff := cmp.Diff(plain, got, cmp.AllowUnexported(layerRun{})); diff != "" {
-						t.Errorf("results differ from the plain layer's (-plain +offload):\n%s", diff)
-					}
-					st := o.Stats()
-					if st.InUse != 0 {
-						t.Errorf("offloader holds %d bytes after the step", st.InUse)
-					}
-					if pol == "*=remat" && st.Remat != 6 {
-						t.Errorf("%d activations dropped for recompute, want 6", st.Remat)
-					}
-					if pol == "*=offload" && st.Offloads+st.Kept != 6 {
-						t.Errorf("%d offloaded + %d kept, want 6", st.Offloads, st.Kept)
-					}
-				})
+		for _, prec := range []Precision{PrecisionBF16, PrecisionBlockwise, PrecisionMXFP8} {
+			l := withPrecision(l0, prec)
+			plain := runLayer(t, d, l, device.BF16, device.F32, gy)
+			for _, pol := range policies {
+				for _, pool := range []int{1 << 20, 4096} { // room for all; room for few (kept on the device)
+					t.Run(fmt.Sprint(prec, "/", pol, "/pool=", pool), func(t *testing.T) {
+						o := dt.Must(offload.New(d, offload.Config{PoolBytes: pool, Policy: offload.MustParsePolicy(pol)}))
+						defer o.Close()
+						lc := *l
+						lc.cfg.Offload = o
+						got := runLayer(t, d, &lc, device.BF16, device.F32, gy)
+						dt.NoErr(t, o.Synchronize())
+						got.stats, plain.stats = Stats{}, Stats{}
+						if diff := cmp.Diff(plain, got, cmp.AllowUnexported(layerRun{})); diff != "" {
+							t.Errorf("results differ from the plain layer's (-plain +offload):\n%s", diff)
+						}
+						st := o.Stats()
+						if st.InUse != 0 {
+							t.Errorf("offloader holds %d bytes after the step", st.InUse)
+						}
+						if pol == "*=remat" && st.Remat != 6 {
+							t.Errorf("%d activations dropped for recompute, want 6", st.Remat)
+						}
+						if pol == "*=offload" && st.Offloads+st.Kept != 6 {
+							t.Errorf("%d offloaded + %d kept, want 6", st.Offloads, st.Kept)
+						}
+					})
+				}
 			}
 		}
 	})

@@ -128,3 +128,12 @@ extern "C" __global__ void dl_moe_sort_scatter(const int *__restrict__ idx, i64 
         }
     }
 }
+
+// Thread e of one block (blockDim.x >= E) writes out[e] = counts[e], and for the last
+// expert rows - offsets[E-1]: group sizes that cover all rows of the expert-row tensors,
+// the unused rows [offsets[E], rows) going to the last expert.
+extern "C" __global__ void dl_moe_pad_sizes(int *__restrict__ out, const int *__restrict__ counts,
+                                            const int *__restrict__ offsets, int E, int rows) {
+    int e = threadIdx.x;
+    if (e < E) out[e] = e == E - 1 ? rows - offsets[E - 1] : counts[e];
+}

@@ -1,0 +1,302 @@
+package moe
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/quant"
+)
+
+// The FP8 expert GEMMs (see Precision). Each activation or gradient operand is quantized
+// by its own pass right before its GEMM, from the tensor the layer already has (after
+// the permutation or the expert-parallel dispatch), and freed after it. Future work:
+// quantizing inside the kernels that write the operands (SwiGLU and its gradient, the
+// permutation, the dispatch, as ep.DispatchMXFP8 does), one pass for the rowwise and
+// columnwise forms of dyp and dh, and keeping FP8 activations for Backward.
+
+// The quantizations of the operands: rowwise for the forwards and input gradients;
+// columnwise, transposed, in the experts' groups for the weight gradients.
+var (
+	blockRows = quant.BlockOptions{Format: quant.E4M3, Scale: quant.ScaleF32, Dir: quant.Rowwise}
+	mxRows    = quant.Options{Format: quant.E4M3, Mode: quant.RCEIL, Dir: quant.Rowwise}
+)
+
+func blockCols(sizes *device.Tensor) quant.BlockOptions {
+	return quant.BlockOptions{Format: quant.E4M3, Scale: quant.ScaleF32, Dir: quant.Columnwise, GroupSizes: sizes}
+}
+
+func mxCols(sizes *device.Tensor) quant.Options {
+	return quant.Options{Format: quant.E4M3, Mode: quant.RCEIL, Dir: quant.Columnwise, Transpose: true, GroupSizes: sizes}
+}
+
+// fp8Weights are W1 and W2 quantized in both orientations for an FP8 precision: the
+// Layer's cache.
+type fp8Weights struct {
+	w1, w2 *device.Tensor // the parameters they were quantized from
+	s      *device.Stream // the stream of the last call that read them, where they are freed
+	b1, b2 *quant.BlockwiseWeights
+	m1, m2 *quant.MXFP8Weights
+}
+
+// free releases q's tensors in stream order on the stream of their last use.
+func (q *fp8Weights) free() error {
+	var ts []*device.Tensor
+	for _, b := range []*quant.BlockwiseWeights{q.b1, q.b2} {
+		if b != nil {
+			ts = append(ts, b.KMajor, b.NMajor, b.Scales)
+		}
+	}
+	for _, m := range []*quant.MXFP8Weights{q.m1, q.m2} {
+		if m != nil {
+			ts = append(ts, m.KMajor, m.KScale, m.NMajor, m.NScale)
+		}
+	}
+	return freeOn(q.s, ts...)
+}
+
+// InvalidateWeights drops the layer's quantized copies of W1 and W2, freeing them in
+// stream order on the stream of the last call that read them; the next Forward
+// quantizes the weights again. It does nothing for PrecisionBF16.
+//
+// An FP8 layer (Config.Precision PrecisionBlockwise or PrecisionMXFP8) quantizes W1 and
+// W2 at its first Forward and reuses the copies, in Forward and Backward, for as long
+// as Params.W1 and Params.W2 are the same tensors: it cannot see their contents change.
+// After every change of W1 or W2 in place, such as each optimizer step or loading a
+// checkpoint, call InvalidateWeights before the next Forward; otherwise that Forward
+// and its Backward silently compute with the old weights. (Passing other tensors as W1
+// or W2 quantizes them anew without it.) Call it also to release the copies when done
+// with the layer. It must not run while a call of the layer is in progress on another
+// goroutine, nor before the work that read the copies has been ordered on their stream.
+func (l *Layer) InvalidateWeights() error {
+	if l == nil {
+		return errors.New("moe: Layer.InvalidateWeights: nil Layer")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dropWeights()
+}
+
+// dropWeights frees the cached weights; l.mu is held.
+func (l *Layer) dropWeights() error {
+	if l.q == nil {
+		return nil
+	}
+	err := l.q.free()
+	l.q = nil
+	return err
+}
+
+// weights returns W1 and W2 of p quantized for the layer's FP8 precision, on s: the
+// cached copies when they are of p's tensors, else new ones, quantized on s, which
+// replace them. It returns nil for PrecisionBF16.
+func (l *Layer) weights(s *device.Stream, p *Params) (*fp8Weights, error) {
+	c := l.cfg
+	if !c.Precision.fp8() {
+		return nil, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.q; q != nil && q.w1 == p.W1 && q.w2 == p.W2 {
+		q.s = s
+		return q, nil
+	}
+	if err := l.dropWeights(); err != nil {
+		return nil, err
+	}
+	q := &fp8Weights{w1: p.W1, w2: p.W2, s: s}
+	nk := c.Layout == gemm.NK
+	var err error
+	switch c.Precision {
+	case PrecisionBlockwise:
+		opt := quant.BlockOptions{Format: quant.E4M3, Scale: quant.ScaleF32, NK: nk}
+		if q.b1, err = quant.QuantizeWeights(s, p.W1, opt); err == nil {
+			q.b2, err = quant.QuantizeWeights(s, p.W2, opt)
+		}
+	case PrecisionMXFP8:
+		opt := quant.Options{Format: quant.E4M3, Mode: quant.RCEIL, NK: nk}
+		if q.m1, err = quant.QuantizeMXFP8Weights(s, p.W1, opt); err == nil {
+			q.m2, err = quant.QuantizeMXFP8Weights(s, p.W2, opt)
+		}
+	}
+	if err != nil {
+		q.free()
+		return nil, fmt.Errorf("moe: Layer: quantizing W1 and W2 (%v): %w", c.Precision, err)
+	}
+	l.q = q
+	return q, nil
+}
+
+// experts runs the routed experts' GEMMs of one Forward or Backward, on s, in the
+// layer's precision, over the expert rows of act.
+type experts struct {
+	s      *device.Stream
+	cfg    Config
+	p      *Params
+	q      *fp8Weights    // W1 and W2 quantized (FP8 precisions)
+	act    *Activations   // the rows: act.counts, act.rows, act.Perm or act.Layout
+	tmp    *device.Temps  // where colGroups allocates (Backward)
+	sizes  *device.Tensor // colGroups' sizes, once made
+	colRow int            // colGroups' rows
+}
+
+// experts returns the GEMMs of act's rows on s, with the weights of act.p (quantized
+// now unless cached); tmp (nil in Forward) holds what the weight gradients allocate.
+func (l *Layer) experts(s *device.Stream, act *Activations, tmp *device.Temps) (*experts, error) {
+	q, err := l.weights(s, act.p)
+	if err != nil {
+		return nil, err
+	}
+	return &experts{s: s, cfg: l.cfg, p: act.p, q: q, act: act, tmp: tmp}, nil
+}
+
+// dot computes, for the rows of each expert, h[R,2F] = xp·W1 (x = xp), or with second
+// yp[R,H] = a·W2 (x = a), into y. An FP8 precision quantizes x rowwise first.
+func (e *experts) dot(y, x *device.Tensor, second bool) error {
+	s, counts := e.s, e.act.counts
+	switch e.cfg.Precision {
+	case PrecisionBlockwise:
+		qx, err := quant.QuantizeBlockwise(s, x, blockRows)
+		if err != nil {
+			return err
+		}
+		defer qx.Free()
+		return gemm.RaggedDotBlockwise(s, y, qx, pick(second, e.q.b1, e.q.b2), counts, nil)
+	case PrecisionMXFP8:
+		qx, err := quant.Quantize(s, x, mxRows)
+		if err != nil {
+			return err
+		}
+		defer qx.Free()
+		return gemm.RaggedDotMXFP8(s, y, qx, pick(second, e.q.m1, e.q.m2), counts, nil)
+	}
+	return gemm.RaggedDot(s, y, x, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
+}
+
+// inputGrad computes, for the rows of each expert, dxp[R,H] = dh·W1ᵀ (dy = dh), or with
+// second da[R,F] = dyp·W2ᵀ (dy = dyp), into dx. An FP8 precision quantizes dy rowwise
+// first.
+func (e *experts) inputGrad(dx, dy *device.Tensor, second bool) error {
+	s, counts := e.s, e.act.counts
+	switch e.cfg.Precision {
+	case PrecisionBlockwise:
+		qdy, err := quant.QuantizeBlockwise(s, dy, blockRows)
+		if err != nil {
+			return err
+		}
+		defer qdy.Free()
+		return gemm.RaggedDotBlockwiseInputGrad(s, dx, qdy, pick(second, e.q.b1, e.q.b2), counts, nil)
+	case PrecisionMXFP8:
+		qdy, err := quant.Quantize(s, dy, mxRows)
+		if err != nil {
+			return err
+		}
+		defer qdy.Free()
+		return gemm.RaggedDotMXFP8InputGrad(s, dx, qdy, pick(second, e.q.m1, e.q.m2), counts, nil)
+	}
+	return gemm.RaggedDotInputGrad(s, dx, dy, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
+}
+
+// weightGrad computes dw[e] = x_eᵀ·dy_e for each expert e, dW1 from xp and dh or dW2
+// from a and dyp, in the layer's layout, added to dw with acc. An FP8 precision
+// quantizes x and dy columnwise first, transposed, in blocks of tokens that restart at
+// each expert (the groups of colGroups).
+func (e *experts) weightGrad(dw, x, dy *device.Tensor, acc bool) error {
+	s := e.s
+	o := &gemm.Options{Layout: e.cfg.Layout, Accumulate: acc}
+	if !e.cfg.Precision.fp8() {
+		return gemm.RaggedDotWeightGrad(s, dw, x, dy, e.act.counts, o)
+	}
+	sizes, rows, err := e.colGroups()
+	if err != nil {
+		return err
+	}
+	if x, err = x.Rows(0, rows); err != nil {
+		return err
+	}
+	if dy, err = dy.Rows(0, rows); err != nil {
+		return err
+	}
+	if e.cfg.Precision == PrecisionBlockwise {
+		qx, err := quant.QuantizeBlockwise(s, x, blockCols(sizes))
+		if err != nil {
+			return err
+		}
+		defer qx.Free()
+		qdy, err := quant.QuantizeBlockwise(s, dy, blockCols(sizes))
+		if err != nil {
+			return err
+		}
+		defer qdy.Free()
+		return gemm.RaggedDotBlockwiseWeightGrad(s, dw, qx, qdy, e.act.counts, o)
+	}
+	qx, err := quant.Quantize(s, x, mxCols(sizes))
+	if err != nil {
+		return err
+	}
+	defer qx.Free()
+	qdy, err := quant.Quantize(s, dy, mxCols(sizes))
+	if err != nil {
+		return err
+	}
+	defer qdy.Free()
+	return gemm.RaggedDotMXFP8WeightGrad(s, dw, qx, qdy, e.act.counts, o)
+}
+
+// colGroups returns the groups of the weight gradients' columnwise quantizations, which
+// need sizes that sum to the rows they quantize: the first rows rows of the expert-row
+// tensors, in groups of sizes (I32[E]). With Config.EP those are the kept rows (rows
+// past them are not written) and the experts' counts. Without it they are all R rows
+// and the counts with the unused rows [Offsets[E], R) added to the last expert's: those
+// rows are zeros in every tensor a weight gradient reads (the permutation, SwiGLU and
+// their gradients zero them). The GEMM still gets the experts' counts: an expert's
+// blocks start at the same token column either way (128·Σ ceil(size/128) over the
+// experts before it), its rows' codes and scales are the same (zeros change no amax),
+// and the GEMM reads only the blocks of its rows, leaving the unused ones alone.
+func (e *experts) colGroups() (*device.Tensor, int, error) {
+	if e.sizes != nil {
+		return e.sizes, e.colRow, nil
+	}
+	act := e.act
+	if act.Layout != nil {
+		e.sizes, e.colRow = act.counts, act.Layout.Rows()
+		return e.sizes, e.colRow, nil
+	}
+	if e.tmp == nil {
+		return nil, 0, errors.New("moe: internal error: weight gradient without temporaries")
+	}
+	sizes := e.tmp.Alloc(device.I32, act.Perm.Experts)
+	if err := e.tmp.Err(); err != nil {
+		return nil, 0, err
+	}
+	if err := padSizes(e.s, sizes, act.Perm); err != nil {
+		return nil, 0, err
+	}
+	e.sizes, e.colRow = sizes, act.Perm.Rows
+	return sizes, e.colRow, nil
+}
+
+// padSizes writes into out, I32[E], the sizes of groups that cover all p.Rows rows of
+// p's expert rows: p.Counts, with the unused rows [Offsets[E], Rows) added to the last
+// expert's, on s.
+func padSizes(s *device.Stream, out *device.Tensor, p *Permutation) error {
+	E := p.Experts
+	if s.Device().IsCUDA() {
+		return launch(s, sortProg, "dl_moe_pad_sizes", device.D1(1), device.D1(blockFor(E)), 0,
+			out, p.Counts, p.Offsets, int32(E), int32(p.Rows))
+	}
+	return s.EnqueueCPU(func() {
+		o, off := device.Slice[int32](out), device.Slice[int32](p.Offsets)
+		copy(o, device.Slice[int32](p.Counts))
+		o[E-1] = int32(p.Rows) - off[E-1]
+	})
+}
+
+// pick returns a, or b when second.
+func pick[T any](second bool, a, b T) T {
+	if second {
+		return b
+	}
+	return a
+}
