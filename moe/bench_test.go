@@ -9,6 +9,7 @@ import (
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/quant"
 )
 
 // benchShape is the benchmark layer: DeepSeek-V3-like experts (H 7168, F 2048,
@@ -70,17 +71,22 @@ func (st *stageTimes) add(sums map[string]time.Duration) {
 	}
 }
 
-// BenchmarkLayer times the layer's forward and forward+backward passes and, in the same
-// run, its grouped GEMMs alone (the same ragged_dot calls on the same tensors). Metrics:
-// ms per pass, the expert GEMMs' TFLOP/s over the pass, gemm_alone_ms and gemm_alone_TFLOP/s,
-// layer/gemm (the pass over the GEMMs alone; the target is ≤ 1.15) and the time of each stage within the pass (_ms).
+// BenchmarkLayer times the layer's forward and forward+backward passes in each precision
+// (the sub-benchmarks' names end in /bf16, /blockwise and /mxfp8) and, in the same run,
+// its grouped GEMMs alone: the same ragged_dot calls on the same tensors, or for an FP8
+// precision the same FP8 GEMMs on operands quantized once beforehand. An FP8 pass starts
+// with InvalidateWeights, as after an optimizer step, so that it includes quantizing W1
+// and W2; the stage breakdown reports that as weights_ms. Metrics: ms per pass, the
+// expert GEMMs' TFLOP/s over the pass (bf16's FLOP count in every precision),
+// gemm_alone_ms and gemm_alone_TFLOP/s, layer/gemm (the pass over the GEMMs alone; the
+// target is ≤ 1.15 in bf16; an FP8 pass adds the quantizations) and the time of each
+// stage within the pass (_ms).
 func BenchmarkLayer(b *testing.B) {
 	for _, d := range dt.Devices(b) {
 		cfg, T := benchShape(d)
 		typ := device.BF16
 		s := d.Stream()
 		H, F, E, K := cfg.Hidden, cfg.FFN, cfg.Router.Experts, cfg.Router.TopK
-		lay := dt.Must(NewLayer(cfg))
 		x := dt.Must(s.Alloc(typ, T, H))
 		p := &Params{Router: dt.Must(s.Alloc(typ, E, H)), W1: dt.Must(s.Alloc(typ, E, H, 2*F)), W2: dt.Must(s.Alloc(typ, E, F, H))}
 		g := &Grads{X: dt.Must(s.Alloc(typ, T, H)), Router: dt.Must(s.Alloc(device.F32, E, H)),
@@ -94,57 +100,71 @@ func BenchmarkLayer(b *testing.B) {
 		flops := 6 * float64(T) * float64(K) * float64(H) * float64(F) // expert GEMMs, forward
 		for _, pass := range []string{"forward", "forward_backward"} {
 			bwd := pass == "forward_backward"
-			b.Run(fmt.Sprintf("%v/%s/T=%d,H=%d,F=%d,E=%d,K=%d", d, pass, T, H, F, E, K), func(b *testing.B) {
-				st := &stageTimes{d: d}
-				sums := map[string]time.Duration{}
-				step := func(traced bool) {
-					if traced {
-						lay.trace = st.trace
-						st.begin(s)
+			for _, prec := range []Precision{PrecisionBF16, PrecisionBlockwise, PrecisionMXFP8} {
+				c := cfg
+				c.Precision = prec
+				lay := dt.Must(NewLayer(c))
+				b.Run(fmt.Sprintf("%v/%s/T=%d,H=%d,F=%d,E=%d,K=%d/%v", d, pass, T, H, F, E, K, prec), func(b *testing.B) {
+					st := &stageTimes{d: d}
+					sums := map[string]time.Duration{}
+					step := func(traced bool) {
+						if traced {
+							lay.trace = st.trace
+							st.begin(s)
+						}
+						if prec.fp8() {
+							// As after an optimizer step: W1 and W2 are quantized again.
+							dt.NoErr(b, lay.InvalidateWeights())
+							if traced {
+								dt.Must(lay.weights(s, p))
+								st.trace(s, "weights")
+							}
+						}
+						act := dt.Must(lay.Forward(s, y, x, p))
+						if bwd {
+							dt.NoErr(b, lay.Backward(s, g, dy, act))
+						}
+						lay.trace = nil
+						dt.NoErr(b, act.Free())
 					}
-					act := dt.Must(lay.Forward(s, y, x, p))
-					if bwd {
-						dt.NoErr(b, lay.Backward(s, g, dy, act))
-					}
-					lay.trace = nil
-					dt.NoErr(b, act.Free())
-				}
-				step(false) // compile the kernels, warm the pool
-				dt.NoErr(b, s.Synchronize())
-				b.ResetTimer()
-				t0 := time.Now()
-				for range b.N {
-					step(false)
-				}
-				dt.NoErr(b, s.Synchronize())
-				layer := time.Since(t0) / time.Duration(b.N)
-				b.StopTimer()
-				// Stage breakdown: traced passes, timed by events on the stream.
-				const traced = 3
-				for range traced {
-					step(true)
+					step(false) // compile the kernels, warm the pool
 					dt.NoErr(b, s.Synchronize())
-					st.add(sums)
-				}
-				gemms := timeGEMMs(b, lay, s, x, p, g, dy, bwd, b.N)
-				f := flops
-				if bwd {
-					f *= 3
-				}
-				b.ReportMetric(float64(layer)/1e6, "ms")
-				b.ReportMetric(f/layer.Seconds()/1e12, "TFLOP/s")
-				b.ReportMetric(float64(gemms)/1e6, "gemm_alone_ms")
-				b.ReportMetric(f/gemms.Seconds()/1e12, "gemm_alone_TFLOP/s")
-				b.ReportMetric(float64(layer)/float64(gemms), "layer/gemm")
-				names := make([]string, 0, len(sums))
-				for n := range sums {
-					names = append(names, n)
-				}
-				sort.Strings(names)
-				for _, n := range names {
-					b.ReportMetric(float64(sums[n])/traced/1e6, n+"_ms")
-				}
-			})
+					b.ResetTimer()
+					t0 := time.Now()
+					for range b.N {
+						step(false)
+					}
+					dt.NoErr(b, s.Synchronize())
+					layer := time.Since(t0) / time.Duration(b.N)
+					b.StopTimer()
+					// Stage breakdown: traced passes, timed by events on the stream.
+					const traced = 3
+					for range traced {
+						step(true)
+						dt.NoErr(b, s.Synchronize())
+						st.add(sums)
+					}
+					gemms := timeGEMMs(b, lay, s, x, p, g, dy, bwd, b.N)
+					f := flops
+					if bwd {
+						f *= 3
+					}
+					b.ReportMetric(float64(layer)/1e6, "ms")
+					b.ReportMetric(f/layer.Seconds()/1e12, "TFLOP/s")
+					b.ReportMetric(float64(gemms)/1e6, "gemm_alone_ms")
+					b.ReportMetric(f/gemms.Seconds()/1e12, "gemm_alone_TFLOP/s")
+					b.ReportMetric(float64(layer)/float64(gemms), "layer/gemm")
+					names := make([]string, 0, len(sums))
+					for n := range sums {
+						names = append(names, n)
+					}
+					sort.Strings(names)
+					for _, n := range names {
+						b.ReportMetric(float64(sums[n])/traced/1e6, n+"_ms")
+					}
+				})
+				dt.NoErr(b, lay.InvalidateWeights())
+			}
 		}
 		for _, t := range []*device.Tensor{x, y, dy, p.Router, p.W1, p.W2, g.X, g.Router, g.W1, g.W2} {
 			t.Free()
@@ -153,7 +173,8 @@ func BenchmarkLayer(b *testing.B) {
 }
 
 // timeGEMMs returns the time of the layer's ragged_dot calls alone (forward: 2;
-// with bwd: 6), on the activations of one forward pass, averaged over n repetitions.
+// with bwd: 6), on the activations of one forward pass, averaged over n repetitions: in
+// an FP8 precision those of fp8GEMMs.
 func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *Params, g *Grads, dy *device.Tensor, bwd bool, n int) time.Duration {
 	y := dt.Must(s.Alloc(x.DType(), x.Dim(0), x.Dim(1)))
 	defer y.Free()
@@ -184,6 +205,11 @@ func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *
 			dt.NoErr(b, gemm.RaggedDotWeightGrad(s, g.W1, act.xp.t, dh, counts, o))
 		}
 	}
+	if lay.cfg.Precision.fp8() {
+		var free func()
+		run, free = fp8GEMMs(b, lay, s, act, g, dyp, da, dh, dxp, bwd)
+		defer free()
+	}
 	run()
 	dt.NoErr(b, s.Synchronize())
 	t0 := time.Now()
@@ -192,4 +218,86 @@ func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *
 	}
 	dt.NoErr(b, s.Synchronize())
 	return time.Since(t0) / time.Duration(n)
+}
+
+// fp8GEMMs returns the FP8 GEMMs of an FP8 layer's pass on the rows of act (forward: 2;
+// with bwd: 6) as Forward and Backward call them, with the gradients dyp and dh, their
+// operands quantized once, now, as the layer quantizes them, and the weights the layer
+// cached; and the function that frees those operands.
+func fp8GEMMs(b *testing.B, lay *Layer, s *device.Stream, act *Activations, g *Grads, dyp, da, dh, dxp *device.Tensor, bwd bool) (run, free func()) {
+	q := dt.Must(lay.weights(s, act.p))
+	ts := device.NewTemps(s)
+	var frees []func() error
+	free = func() {
+		for _, f := range frees {
+			dt.NoErr(b, f())
+		}
+		dt.NoErr(b, ts.Free())
+	}
+	o := lay.gemmOpt(false)
+	// The weight gradients' operands: columnwise, in the groups the layer uses.
+	var sizes *device.Tensor
+	cols := func(t *device.Tensor) *device.Tensor { return t }
+	if bwd {
+		var rows int
+		var err error
+		sizes, rows, err = dt.Must(lay.experts(s, act, ts)).colGroups()
+		dt.NoErr(b, err)
+		cols = func(t *device.Tensor) *device.Tensor { return dt.Must(t.Rows(0, rows)) }
+	}
+	if lay.cfg.Precision == PrecisionBlockwise {
+		r := fp8Recipe[*quant.Blockwise, *quant.BlockwiseWeights, quant.BlockOptions]{
+			quantize: quant.QuantizeBlockwise, rows: blockRows, cols: blockCols,
+			fwd: gemm.RaggedDotBlockwise, dgrad: gemm.RaggedDotBlockwiseInputGrad, wgrad: gemm.RaggedDotBlockwiseWeightGrad,
+			w1: q.b1, w2: q.b2,
+		}
+		return r.gemms(b, s, act, g, dyp, da, dh, dxp, sizes, cols, o, &frees, bwd), free
+	}
+	r := fp8Recipe[*quant.MXFP8, *quant.MXFP8Weights, quant.Options]{
+		quantize: quant.Quantize, rows: mxRows, cols: mxCols,
+		fwd: gemm.RaggedDotMXFP8, dgrad: gemm.RaggedDotMXFP8InputGrad, wgrad: gemm.RaggedDotMXFP8WeightGrad,
+		w1: q.m1, w2: q.m2,
+	}
+	return r.gemms(b, s, act, g, dyp, da, dh, dxp, sizes, cols, o, &frees, bwd), free
+}
+
+// fp8Recipe is one FP8 recipe's quantization and GEMMs, for fp8GEMMs: operands Q of
+// quantization options O, weights W.
+type fp8Recipe[Q interface{ Free() error }, W, O any] struct {
+	quantize   func(*device.Stream, *device.Tensor, O) (Q, error)
+	rows       O
+	cols       func(sizes *device.Tensor) O
+	fwd, dgrad func(*device.Stream, *device.Tensor, Q, W, *device.Tensor, *gemm.Options) error
+	wgrad      func(*device.Stream, *device.Tensor, Q, Q, *device.Tensor, *gemm.Options) error
+	w1, w2     W
+}
+
+// gemms quantizes the operands of the pass once, now (adding their frees to frees),
+// and returns the pass's GEMMs on them; colRows cuts a weight gradient's operand to the
+// rows its groups cover.
+func (r fp8Recipe[Q, W, O]) gemms(b *testing.B, s *device.Stream, act *Activations, g *Grads, dyp, da, dh, dxp, sizes *device.Tensor,
+	colRows func(*device.Tensor) *device.Tensor, o *gemm.Options, frees *[]func() error, bwd bool) func() {
+	qz := func(t *device.Tensor, opt O) Q {
+		qt := dt.Must(r.quantize(s, t, opt))
+		*frees = append(*frees, qt.Free)
+		return qt
+	}
+	xp, a, counts := act.xp.t, act.a.t, act.counts
+	qxp, qa := qz(xp, r.rows), qz(a, r.rows)
+	var qdyp, qdh, cxp, ca, cdyp, cdh Q
+	if bwd {
+		qdyp, qdh = qz(dyp, r.rows), qz(dh, r.rows)
+		c := r.cols(sizes)
+		cxp, ca, cdyp, cdh = qz(colRows(xp), c), qz(colRows(a), c), qz(colRows(dyp), c), qz(colRows(dh), c)
+	}
+	return func() {
+		dt.NoErr(b, r.fwd(s, act.h.t, qxp, r.w1, counts, nil))
+		dt.NoErr(b, r.fwd(s, act.yp.t, qa, r.w2, counts, nil))
+		if bwd {
+			dt.NoErr(b, r.dgrad(s, da, qdyp, r.w2, counts, nil))
+			dt.NoErr(b, r.wgrad(s, g.W2, ca, cdyp, counts, o))
+			dt.NoErr(b, r.dgrad(s, dxp, qdh, r.w1, counts, nil))
+			dt.NoErr(b, r.wgrad(s, g.W1, cxp, cdh, counts, o))
+		}
+	}
 }

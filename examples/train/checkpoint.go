@@ -17,7 +17,8 @@ const checkpointVersion = 1
 // (encoding/gob). It holds everything needed to resume training: the model's shape,
 // the optimizer step, every parameter with its AdamW moments (the experts of every
 // rank, so a model trained over R ranks resumes over any number that divides E), and
-// the loss history.
+// the loss history. It does not record -precision: the parameters are the f32 weights
+// whatever the expert GEMMs' arithmetic, so a model resumes in any precision.
 type Checkpoint struct {
 	Version int // checkpointVersion
 	Config  ModelConfig
@@ -130,7 +131,8 @@ func readCheckpoint(path string) (*Checkpoint, error) {
 
 // loadModel returns the model of a checkpoint on d, trained as o says: over R ranks,
 // each takes its experts. Moments of another dtype than o.Moments are converted: f32 ones
-// rounded to bf16 (nearest even), bf16 ones widened exactly.
+// rounded to bf16 (nearest even), bf16 ones widened exactly. The checkpoint does not
+// depend on o.Precision: the FP8 layers quantize the loaded weights.
 func loadModel(d *device.Device, ck *Checkpoint, o modelOptions) (*Model, error) {
 	m, err := newModel(d, ck.Config, 0, o)
 	if err != nil {
@@ -166,6 +168,9 @@ func loadModel(d *device.Device, ck *Checkpoint, o modelOptions) (*Model, error)
 		}
 	}
 	if err := m.syncCompute(); err != nil {
+		return nil, m.freeAfter(err)
+	}
+	if err := m.invalidateWeights(); err != nil {
 		return nil, m.freeAfter(err)
 	}
 	m.Step = ck.Step

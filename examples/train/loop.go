@@ -57,6 +57,10 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 	if err != nil {
 		return nil, err
 	}
+	prec, err := o.precision()
+	if err != nil {
+		return nil, err
+	}
 	pol, err := o.offloadPolicy()
 	if err != nil {
 		return nil, err
@@ -80,7 +84,7 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 		}
 		defer func() { err = errors.Join(err, s.Close()) }()
 	}
-	mo := modelOptions{DType: dt, Moments: moments, Stream: s, Dist: dd}
+	mo := modelOptions{DType: dt, Moments: moments, Precision: prec, Stream: s, Dist: dd}
 	if o.Offload != "" {
 		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, B, R, dt), Policy: pol}); err != nil {
 			return nil, err
@@ -268,6 +272,12 @@ func (m *Model) printHeader(w io.Writer, name string, o options, B int) {
 	train := fmt.Sprintf("%v compute (f32 weights, gradients and AdamW state)", m.dt)
 	if m.moments != device.F32 {
 		train = fmt.Sprintf("%v compute (f32 weights and gradients, %v AdamW moments)", m.dt, m.moments)
+	}
+	switch m.prec {
+	case moe.PrecisionBlockwise:
+		train += ", expert GEMMs in fp8 (E4M3, f32 scales per 1×128 block of activations and gradients, per 128×128 of weights)"
+	case moe.PrecisionMXFP8:
+		train += ", expert GEMMs in mxfp8 (E4M3, a power-of-two scale per 32 elements)"
 	}
 	if R > 1 {
 		train += fmt.Sprintf(", %d ranks of %d experts and %d rows each", R, cfg.Experts/R, B)

@@ -45,6 +45,14 @@
 // to nearest even, and AdamW moves 8 bytes less per parameter (20 instead of 28; 22
 // instead of 30 with a bf16 compute copy). A checkpoint records the moments' dtype;
 // resuming with the other converts them (f32 to bf16 rounds, bf16 to f32 is exact).
+// -precision fp8 or mxfp8 runs the six expert GEMMs of every MoE layer in FP8
+// (moe.Config.Precision): E4M3 operands, quantized right before each GEMM with
+// DeepSeek-V3's blockwise f32 scales or MXFP8's power-of-two ones per 32 elements,
+// multiplied with f32 sums. The rest runs in the -dtype as before; FP8 goes with -dtype
+// bf16 (with f32 the GEMMs quantize f32 operands and write f32 results). The layers
+// quantize W1 and W2 at the first forward pass after each AdamW step and after loading
+// a checkpoint, which invalidate their copies; checkpoints are the same in every
+// precision.
 // -profile prints, for one step after warm-up, the device time of each stage above
 // with the rate its estimated work implies. The kernels are in kernels/train.cu; on
 // the CPU their Go twins run, which the tests compare them with.
@@ -80,6 +88,7 @@ import (
 	"strings"
 
 	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/moe"
 	"github.com/dropless/dropless/offload"
 )
 
@@ -93,7 +102,7 @@ type options struct {
 	Device, Out, Data, Packages                                         string
 	MaxBytes, EvalEvery, EvalTokens                                     int
 	Resume, NoPlot                                                      bool
-	DType, Moments, Offload                                             string
+	DType, Moments, Precision, Offload                                  string
 	EP                                                                  int
 	NCCL, Profile                                                       bool
 }
@@ -105,7 +114,7 @@ func defaultOptions() options {
 		Capacity: 1, Seed: 1, Out: "train-out",
 		Packages: "strings,bytes,fmt,sort,strconv,bufio,unicode/utf8,text/template,io,errors,regexp,go/scanner",
 		MaxBytes: 4 << 20, EvalEvery: 50, EvalTokens: 4096,
-		DType: "f32", Moments: "f32", EP: 1,
+		DType: "f32", Moments: "f32", Precision: "bf16", EP: 1,
 	}
 }
 
@@ -140,6 +149,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "most bytes of text to read")
 	fs.StringVar(&o.DType, "dtype", o.DType, "compute dtype of the MoE layers and the output projection: f32, or bf16 (tensor cores; weights and gradients stay f32, AdamW's moments as -moments says)")
 	fs.StringVar(&o.Moments, "moments", o.Moments, "dtype of AdamW's first and second moments: f32, or bf16 (computed in f32, rounded to nearest even after each step: AdamW moves 8 bytes less per parameter)")
+	fs.StringVar(&o.Precision, "precision", o.Precision, "arithmetic of the MoE layers' expert GEMMs: bf16 (in the -dtype, f32 or bf16), fp8 (E4M3 with DeepSeek-V3's blockwise f32 scales) or mxfp8 (E4M3 with a power-of-two scale per 32 elements); FP8 needs -hidden and -ffn multiples of 16")
 	fs.IntVar(&o.EP, "ep", o.EP, "expert-parallel ranks N: each holds E/N experts of every layer and B/N rows of every batch, the other parameters data parallel (goroutine ranks in this process, or see -nccl)")
 	fs.BoolVar(&o.NCCL, "nccl", o.NCCL, "make the -ep ranks NCCL ranks on GPUs 0 to N-1 of this process (under torchrun's WORLD_SIZE, RANK, ... this process is one rank)")
 	fs.StringVar(&o.Offload, "offload", o.Offload, "offload `policy` of the MoE layers' activations during training, as package offload parses it (MaxText's names: moe_permuted, moe_mlpwi, moe_mlp_swiglu, moe_mlpwo, mlpwi, mlp_swiglu; e.g. \"*=offload\" or \"moe_mlpwi=offload,moe_mlp_swiglu=remat\")")
@@ -234,6 +244,9 @@ func (o options) validate() error {
 	if _, err := o.momentType(); err != nil {
 		return err
 	}
+	if _, err := o.precision(); err != nil {
+		return err
+	}
 	_, err := o.offloadPolicy()
 	return err
 }
@@ -254,6 +267,24 @@ func (o options) momentType() (device.DType, error) {
 		return 0, fmt.Errorf("-moments %q, want f32 or bf16", o.Moments)
 	}
 	return dt, nil
+}
+
+// precision returns the expert GEMMs' precision of -precision.
+func (o options) precision() (moe.Precision, error) {
+	for _, p := range []moe.Precision{moe.PrecisionBF16, moe.PrecisionBlockwise, moe.PrecisionMXFP8} {
+		if o.Precision == precisionName(p) {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("-precision %q, want bf16, fp8 or mxfp8", o.Precision)
+}
+
+// precisionName returns the -precision of p: bf16, fp8 (blockwise) or mxfp8.
+func precisionName(p moe.Precision) string {
+	if p == moe.PrecisionBlockwise {
+		return "fp8"
+	}
+	return p.String()
 }
 
 // offloadPolicy returns the policy of -offload; the zero Policy when it is empty.
@@ -279,6 +310,10 @@ func run(o options, w io.Writer) (*report, error) {
 		return nil, err
 	}
 	if err := o.modelConfig(o.Capacity).validate(); err != nil {
+		return nil, err
+	}
+	prec, _ := o.precision() // validate checked it
+	if err := o.modelConfig(o.Capacity).validatePrecision(prec); err != nil {
 		return nil, err
 	}
 	var pkgs []string

@@ -41,25 +41,34 @@ func (c ModelConfig) validate() error {
 	case c.CapacityFactor < 0:
 		return fmt.Errorf("capacity factor %v, want ≥ 0", c.CapacityFactor)
 	}
-	_, err := moe.NewLayer(c.layerConfig(nil, nil))
+	_, err := moe.NewLayer(c.layerConfig(nil, nil, moe.PrecisionBF16))
 	return err
 }
 
-// layerConfig returns the configuration of the MoE layers: expert-parallel over g when
-// g is not nil, offloading to off when it is not. Over R ranks the group applies the
-// capacity, and the load-balancing loss is over the global batch: each rank's layer
-// computes its share of it (its tokens' part of P_e, f_e from the loads of all ranks),
-// and the shares' gradients, summed over the ranks with the other replicated
-// parameters', are those of -ep 1.
-func (c ModelConfig) layerConfig(g *ep.Group, off *offload.Offloader) moe.Config {
+// validatePrecision reports whether the MoE layers of c can run in precision p (c being
+// valid): FP8 precisions need -hidden and -ffn multiples of 16.
+func (c ModelConfig) validatePrecision(p moe.Precision) error {
+	if err := c.layerConfig(nil, nil, p).Validate(); err != nil {
+		return fmt.Errorf("-precision %s with -hidden %d and -ffn %d: %w", precisionName(p), c.Hidden, c.FFN, err)
+	}
+	return nil
+}
+
+// layerConfig returns the configuration of the MoE layers, whose expert GEMMs run in
+// precision p: expert-parallel over g when g is not nil, offloading to off when it is
+// not. Over R ranks the group applies the capacity, and the load-balancing loss is over
+// the global batch: each rank's layer computes its share of it (its tokens' part of P_e,
+// f_e from the loads of all ranks), and the shares' gradients, summed over the ranks
+// with the other replicated parameters', are those of -ep 1.
+func (c ModelConfig) layerConfig(g *ep.Group, off *offload.Offloader, p moe.Precision) moe.Config {
 	cf := c.CapacityFactor
 	if g != nil {
 		cf = 0
 	}
 	return moe.Config{
 		Hidden: c.Hidden, FFN: c.FFN, SharedFFN: c.SharedFFN, CapacityFactor: cf,
-		Router: moe.RouterConfig{Experts: c.Experts, TopK: c.TopK, Renormalize: true, AuxLoss: c.AuxLoss},
-		EP:     g, Offload: off,
+		Router:    moe.RouterConfig{Experts: c.Experts, TopK: c.TopK, Renormalize: true, AuxLoss: c.AuxLoss},
+		Precision: p, EP: g, Offload: off,
 	}
 }
 
@@ -75,11 +84,16 @@ func (c ModelConfig) epConfig() ep.Config {
 
 // modelOptions say how a Model is trained, beside its shape.
 type modelOptions struct {
-	DType   device.DType       // compute dtype of the MoE layers and the output projection: F32 or BF16
-	Moments device.DType       // dtype of AdamW's moments: F32 (also the zero value) or BF16
-	Stream  *device.Stream     // the stream of every op (nil: the device's default stream)
-	Dist    *dist              // the ranks training the model together (nil: one)
-	Offload *offload.Offloader // where the MoE layers' activations go during training (nil: nowhere)
+	DType   device.DType // compute dtype of the MoE layers and the output projection: F32 or BF16
+	Moments device.DType // dtype of AdamW's moments: F32 (also the zero value) or BF16
+	// Precision is the arithmetic of the MoE layers' expert GEMMs: moe.PrecisionBF16
+	// (the zero value: in the compute dtype) or an FP8 recipe, whose layers cache their
+	// W1 and W2 quantized until the model invalidates them (after each AdamW step and
+	// after loading a checkpoint).
+	Precision moe.Precision
+	Stream    *device.Stream     // the stream of every op (nil: the device's default stream)
+	Dist      *dist              // the ranks training the model together (nil: one)
+	Offload   *offload.Offloader // where the MoE layers' activations go during training (nil: nowhere)
 }
 
 // Model is a window language model: the sum of position-specific embeddings of the
@@ -87,16 +101,18 @@ type modelOptions struct {
 // output over the vocabulary after a last rmsnorm. Parameters and their gradients are
 // F32, AdamW's moments F32 or BF16 (modelOptions.Moments); with a BF16 compute dtype the
 // MoE layers and the output projection read BF16 copies of their weights, which AdamW
-// refreshes. Every op is enqueued on the model's stream. Over R ranks each holds E/R
-// experts of every layer and a replica of every other parameter, whose gradients it sums
-// with the other ranks'.
+// refreshes; with an FP8 precision (modelOptions.Precision) the MoE layers quantize their
+// experts' weights anew after each step. Every op is enqueued on the model's stream. Over
+// R ranks each holds E/R experts of every layer and a replica of every other parameter,
+// whose gradients it sums with the other ranks'.
 type Model struct {
 	Config ModelConfig
 	Step   int // optimizer steps taken
 
 	s          *device.Stream
 	dt         device.DType
-	moments    device.DType // of AdamW's moments
+	moments    device.DType  // of AdamW's moments
+	prec       moe.Precision // of the expert GEMMs
 	dist       *dist
 	groups     []*ep.Group // one per layer over R > 1 ranks
 	layers     []*moe.Layer
@@ -191,6 +207,9 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.validatePrecision(o.Precision); err != nil {
+		return nil, err
+	}
 	if err := computeType("compute dtype", o.DType); err != nil {
 		return nil, err
 	}
@@ -209,7 +228,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if cfg.Experts%R != 0 {
 		return nil, fmt.Errorf("-experts %d over %d ranks: want a multiple of the ranks", cfg.Experts, R)
 	}
-	m := &Model{Config: cfg, s: s, dt: o.DType, moments: moments, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
+	m := &Model{Config: cfg, s: s, dt: o.DType, moments: moments, prec: o.Precision, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
 	for range cfg.Layers {
 		var g *ep.Group
 		if R > 1 {
@@ -219,13 +238,13 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 			}
 			m.groups = append(m.groups, g)
 		}
-		lay, err := moe.NewLayer(cfg.layerConfig(g, o.Offload))
+		lay, err := moe.NewLayer(cfg.layerConfig(g, o.Offload, o.Precision))
 		if err != nil {
 			return nil, m.freeAfter(err)
 		}
 		m.layers = append(m.layers, lay)
 		if o.Offload != nil {
-			if lay, err = moe.NewLayer(cfg.layerConfig(g, nil)); err != nil {
+			if lay, err = moe.NewLayer(cfg.layerConfig(g, nil, o.Precision)); err != nil {
 				return nil, m.freeAfter(err)
 			}
 		}
@@ -351,14 +370,29 @@ func (m *Model) syncCompute() error {
 	return nil
 }
 
+// invalidateWeights tells the MoE layers that their weights changed in place, after an
+// AdamW step or a load: an FP8 layer drops its quantized W1 and W2 and quantizes them
+// again at its next Forward. Each layer of the model has a cache of its own, the
+// evaluation layers too when they are other layers (with offloading).
+func (m *Model) invalidateWeights() error {
+	var errs []error
+	for l, lay := range m.layers {
+		errs = append(errs, lay.InvalidateWeights())
+		if l < len(m.evalLayers) && m.evalLayers[l] != lay {
+			errs = append(errs, m.evalLayers[l].InvalidateWeights())
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (m *Model) freeAfter(err error) error {
 	return errors.Join(err, m.Free())
 }
 
-// Free releases the model's tensors and closes its expert-parallel groups (together with
-// the other ranks).
+// Free releases the model's tensors, the FP8 layers' quantized weights included, and
+// closes its expert-parallel groups (together with the other ranks).
 func (m *Model) Free() error {
-	errs := []error{m.adam.Free(), m.freeWorkspace(), m.mem.Free()}
+	errs := []error{m.invalidateWeights(), m.adam.Free(), m.freeWorkspace(), m.mem.Free()}
 	for _, g := range m.groups {
 		errs = append(errs, g.Close())
 	}

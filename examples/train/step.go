@@ -180,7 +180,8 @@ func (m *Model) sumGrads() error {
 
 // trainStep runs forward, backward and an AdamW step with learning rate lr on the batch
 // tok (I32 [B, W+1]: context, then target), enqueued on the model's stream without
-// waiting for the device (but for the count exchanges of expert parallelism). The
+// waiting for the device (but for the count exchanges of expert parallelism), and
+// invalidates the FP8 layers' quantized weights, which the step made stale. The
 // batch's loss and routing statistics are added to the running sums that takeTrainLoss
 // and takeStats return.
 func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
@@ -221,6 +222,10 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
 	m.Step++
 	h.LR = lr
 	if err := m.adam.step(m.s, h, m.Step); err != nil {
+		return err
+	}
+	// The step changed W1 and W2 (and their BF16 copies) in place.
+	if err := m.invalidateWeights(); err != nil {
 		return err
 	}
 	return m.mark(stageAdamW)
