@@ -108,6 +108,13 @@
 // (blockwise) and 7% (MXFP8) in relative Frobenius norm, the rounding of four to six
 // E4M3 operands of about 2.6% each. Hidden and FFN must be multiples of 16.
 //
+// Activation bytes kept for Backward per token without offloading, in every precision
+// (the FP8 precisions keep the bf16 activations and quantize them again in Backward):
+// K·(2H + 3F) elements of the parameters' dtype (ActPermuted, ActWi, ActSwiGLU, ActWo),
+// plus the shared expert's 3·Fs; with bf16 parameters at H=7168, F=2048, K=8 that is
+// 320 KiB a token. Keeping them in FP8 instead (one byte and a scale per block) would
+// about halve it.
+//
 // # Cost
 //
 // Beside its six grouped GEMMs (6·T·K·H·F flops forward, twice that backward), a step
