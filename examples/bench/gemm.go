@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -9,28 +10,54 @@ import (
 	"github.com/dropless/dropless/internal/baseline"
 )
 
+// gemmCase is ragged_dot case c's tensors, in ts: the group sizes, random
+// bf16 operands x [M,K], w [G,K,N] and dy [M,N], and bf16 outputs y [M,N], dx [M,K] and dw
+// [G,K,N]; name describes the case and its shape, flops counts one call, 2·M·K·N.
+type gemmCase struct {
+	ts        *tensors
+	c         baseline.Case
+	name      string
+	flops     float64
+	sizes     *device.Tensor
+	x, w, dy  *device.Tensor
+	y, dx, dw *device.Tensor
+}
+
+// newGemmCase allocates case c's tensors on b's stream; Free releases them.
+func (b *bench) newGemmCase(c baseline.Case) (*gemmCase, error) {
+	G, M, K, N := c.G, c.M, c.K, c.N
+	ts := newTensors(b.s)
+	sizes, err := device.FromSlice(b.s, device.I32, c.Sizes(), G)
+	if err != nil {
+		return nil, errors.Join(err, ts.Free())
+	}
+	ts.Add(sizes)
+	g := &gemmCase{
+		ts: ts, c: c, name: fmt.Sprintf("%s G=%d M=%d K=%d N=%d", c.Name, G, M, K, N),
+		flops: 2 * float64(M) * float64(K) * float64(N), sizes: sizes,
+		x: ts.random(1, 1, device.BF16, M, K), w: ts.random(2, 0.02, device.BF16, G, K, N),
+		dy: ts.random(3, 1, device.BF16, M, N),
+		y:  ts.Alloc(device.BF16, M, N), dx: ts.Alloc(device.BF16, M, K), dw: ts.Alloc(device.BF16, G, K, N),
+	}
+	if err := ts.Err(); err != nil {
+		return nil, errors.Join(err, ts.Free())
+	}
+	return g, nil
+}
+
+// Free releases g's tensors.
+func (g *gemmCase) Free() error { return g.ts.Free() }
+
 // gemm times the forward and weight-gradient forms of ragged_dot on case c, bf16 in and
 // out, counting 2·M·K·N flops per call, beside c's peer figures (if any).
 func (b *bench) gemm(c baseline.Case) ([]row, error) {
-	s := b.s
-	ts := newTensors(s)
-	defer ts.Free()
-	G, M, K, N := c.G, c.M, c.K, c.N
-	sizes, err := device.FromSlice(s, device.I32, c.Sizes(), G)
+	g, err := b.newGemmCase(c)
 	if err != nil {
 		return nil, err
 	}
-	ts.Add(sizes)
-	x := ts.random(1, 1, device.BF16, M, K)
-	w := ts.random(2, 0.02, device.BF16, G, K, N)
-	y := ts.Alloc(device.BF16, M, N)
-	dy := ts.random(3, 1, device.BF16, M, N)
-	dw := ts.Alloc(device.BF16, G, K, N)
-	if err := ts.Err(); err != nil {
-		return nil, err
-	}
-	flops := 2 * float64(M) * float64(K) * float64(N)
-	name := fmt.Sprintf("%s G=%d M=%d K=%d N=%d", c.Name, G, M, K, N)
+	defer g.Free()
+	s := b.s
+	x, w, y, dy, dw, sizes, flops, name := g.x, g.w, g.y, g.dy, g.dw, g.sizes, g.flops, g.name
 	var rows []row
 	for _, f := range []struct {
 		prim, base string

@@ -3,6 +3,7 @@
 //
 //	go run ./examples/bench                  # every primitive
 //	go run ./examples/bench -only gemm,moe   # some
+//	go run ./examples/bench -only fp8        # ragged_dot in FP8, both recipes
 //
 // On a GPU the sizes are those of the baselines measured on the H200 (shown beside the
 // results); on the CPU they are small. Times are measured with device events around
@@ -14,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -23,10 +25,11 @@ import (
 )
 
 // primitives are the benchmarks, in the order of the table.
-var primitives = []string{"copy", "gemm", "quant", "ep", "moe"}
+var primitives = []string{"copy", "gemm", "fp8", "quant", "ep", "moe"}
 
 type options struct {
 	Device, Only, Gemm, Shape, EPTransport string
+	MoePrecision                           string
 	MinTime                                time.Duration
 	CopyBytes, QuantM, QuantK              int
 	MoeT, MoeH, MoeF, MoeE, MoeK           int
@@ -54,20 +57,22 @@ func main() {
 	flag.IntVar(&o.MoeF, "moe-ffn", 0, "expert width F of the MoE layer (default 2048 on a GPU, 32 on the CPU)")
 	flag.IntVar(&o.MoeE, "moe-experts", 0, "experts E of the MoE layer (default 32 on a GPU, 8 on the CPU)")
 	flag.IntVar(&o.MoeK, "moe-topk", 0, "experts per token K of the MoE layer (default 8 on a GPU, 2 on the CPU)")
+	flag.StringVar(&o.MoePrecision, "moe-precision", precisionNames(","), "comma-separated precisions of the MoE layer's expert GEMMs: "+precisionNames(", ")+" (an FP8 layer's timed passes include quantizing W1 and W2 each time, as after an optimizer step)")
 	flag.Usage = func() {
 		fmt.Fprint(flag.CommandLine.Output(), `usage: bench [flags]
 
 Prints the throughput of the primitives on the device present: the device copy,
-ragged_dot forward and weight gradient (gemm), MXFP8 quantization (quant), expert-
-parallel dispatch+combine (ep) and the MoE layer's forward and backward (moe), at the
-sizes of the packages' benchmarks: the H200 baseline cases on a GPU, small ones on the
-CPU. Zero-valued size flags take those defaults.
+ragged_dot forward and weight gradient (gemm), its three forms in FP8, blockwise and
+MXFP8, with the quantization of their operands (fp8), MXFP8 quantization (quant),
+expert-parallel dispatch+combine (ep) and the MoE layer's forward and backward in each
+precision (moe), at the sizes of the packages' benchmarks: the H200 baseline cases on a
+GPU, small ones on the CPU. Zero-valued size flags take those defaults.
 
 `)
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if err := run(o); err != nil {
+	if err := run(os.Stdout, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -82,7 +87,8 @@ func def(v *int, gpu bool, onGPU, onCPU int) {
 	}
 }
 
-func run(o options) error {
+// run prints the table to w.
+func run(w io.Writer, o options) error {
 	want := map[string]bool{}
 	for _, p := range strings.Split(o.Only, ",") {
 		p = strings.TrimSpace(p)
@@ -97,6 +103,10 @@ func run(o options) error {
 			return fmt.Errorf("-only: unknown primitive %q; known: %s", p, strings.Join(primitives, ", "))
 		}
 		want[p] = true
+	}
+	precs, err := moePrecisions(o.MoePrecision)
+	if err != nil {
+		return err
 	}
 	d, err := device.Open(o.Device)
 	if err != nil {
@@ -125,13 +135,23 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("device: %v (%s)  %s\n", d, d.Name(), time.Now().Format("2006-01-02 15:04"))
+	if want["fp8"] {
+		if err := fp8Check(cases); err != nil {
+			return err
+		}
+	}
+	if want["moe"] {
+		if err := moeCheck(precs, o.MoeH, o.MoeF); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "device: %v (%s)  %s\n", d, d.Name(), time.Now().Format("2006-01-02 15:04"))
 	line := func(prim, name, t, rate, base string) {
 		l := fmt.Sprintf("%-20s  %-62s  %10s  %-30s", prim, name, t, rate)
 		if gpu {
 			l += "  " + base
 		}
-		fmt.Println(strings.TrimRight(l, " "))
+		fmt.Fprintln(w, strings.TrimRight(l, " "))
 	}
 	line("primitive", "case", "time", "throughput", "H200 peer baseline")
 	emit := func(rows []row, err error) error {
@@ -157,12 +177,18 @@ func run(o options) error {
 					break
 				}
 			}
+		case "fp8":
+			for _, c := range cases {
+				if err = emit(b.fp8(c)); err != nil {
+					break
+				}
+			}
 		case "quant":
 			err = emit(b.quant(o.QuantM, o.QuantK))
 		case "ep":
 			err = emit(b.ep(o))
 		case "moe":
-			err = emit(b.moe(o))
+			err = emit(b.moe(o, precs))
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
