@@ -109,17 +109,9 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := tmp.Err(); err != nil {
 		return err
 	}
-	if err := ex.inputGrad(da, dyp, true); err != nil {
+	getA := func() (*device.Tensor, error) { return act.get(s, &act.a, reA) }
+	if err := ex.backward(da, g.W2, dyp, getA, g.Accumulate, true); err != nil {
 		return err
-	}
-	if g.W2 != nil {
-		a, err := act.get(s, &act.a, reA)
-		if err != nil {
-			return err
-		}
-		if err := ex.weightGrad(g.W2, a, dyp, g.Accumulate); err != nil {
-			return err
-		}
 	}
 	if err := act.done(&act.a); err != nil {
 		return err
@@ -147,17 +139,9 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := tmp.Err(); err != nil {
 		return err
 	}
-	if err := ex.inputGrad(dxp, dh, false); err != nil {
+	getXp := func() (*device.Tensor, error) { return act.get(s, &act.xp, reXp) }
+	if err := ex.backward(dxp, g.W1, dh, getXp, g.Accumulate, false); err != nil {
 		return err
-	}
-	if g.W1 != nil {
-		xp, err := act.get(s, &act.xp, reXp)
-		if err != nil {
-			return err
-		}
-		if err := ex.weightGrad(g.W1, xp, dh, g.Accumulate); err != nil {
-			return err
-		}
 	}
 	if err := act.done(&act.xp); err != nil {
 		return err

@@ -266,15 +266,15 @@ func fp8GEMMs(b *testing.B, lay *Layer, s *device.Stream, act *Activations, g *G
 type fp8Recipe[Q interface{ Free() error }, W, O any] struct {
 	quantize   func(*device.Stream, *device.Tensor, O) (Q, error)
 	rows       O
-	cols       func(sizes *device.Tensor) O
+	cols       func(sizes *device.Tensor, dir quant.Direction) O
 	fwd, dgrad func(*device.Stream, *device.Tensor, Q, W, *device.Tensor, *gemm.Options) error
 	wgrad      func(*device.Stream, *device.Tensor, Q, Q, *device.Tensor, *gemm.Options) error
 	w1, w2     W
 }
 
 // gemms quantizes the operands of the pass once, now (adding their frees to frees),
-// and returns the pass's GEMMs on them; colRows cuts a weight gradient's operand to the
-// rows its groups cover.
+// and returns the pass's GEMMs on them; colRows cuts an operand or result of the
+// backward to the rows the weight gradients' groups cover.
 func (r fp8Recipe[Q, W, O]) gemms(b *testing.B, s *device.Stream, act *Activations, g *Grads, dyp, da, dh, dxp, sizes *device.Tensor,
 	colRows func(*device.Tensor) *device.Tensor, o *gemm.Options, frees *[]func() error, bwd bool) func() {
 	qz := func(t *device.Tensor, opt O) Q {
@@ -284,20 +284,22 @@ func (r fp8Recipe[Q, W, O]) gemms(b *testing.B, s *device.Stream, act *Activatio
 	}
 	xp, a, counts := act.xp.t, act.a.t, act.counts
 	qxp, qa := qz(xp, r.rows), qz(a, r.rows)
-	var qdyp, qdh, cxp, ca, cdyp, cdh Q
+	var qdyp, qdh, cxp, ca Q
 	if bwd {
-		qdyp, qdh = qz(dyp, r.rows), qz(dh, r.rows)
-		c := r.cols(sizes)
-		cxp, ca, cdyp, cdh = qz(colRows(xp), c), qz(colRows(a), c), qz(colRows(dyp), c), qz(colRows(dh), c)
+		// The gradients in both directions from one pass, over the rows of the groups.
+		c, both := r.cols(sizes, quant.Columnwise), r.cols(sizes, quant.Both)
+		qdyp, qdh = qz(colRows(dyp), both), qz(colRows(dh), both)
+		cxp, ca = qz(colRows(xp), c), qz(colRows(a), c)
+		da, dxp = colRows(da), colRows(dxp)
 	}
 	return func() {
 		dt.NoErr(b, r.fwd(s, act.h.t, qxp, r.w1, counts, nil))
 		dt.NoErr(b, r.fwd(s, act.yp.t, qa, r.w2, counts, nil))
 		if bwd {
 			dt.NoErr(b, r.dgrad(s, da, qdyp, r.w2, counts, nil))
-			dt.NoErr(b, r.wgrad(s, g.W2, ca, cdyp, counts, o))
+			dt.NoErr(b, r.wgrad(s, g.W2, ca, qdyp, counts, o))
 			dt.NoErr(b, r.dgrad(s, dxp, qdh, r.w1, counts, nil))
-			dt.NoErr(b, r.wgrad(s, g.W1, cxp, cdh, counts, o))
+			dt.NoErr(b, r.wgrad(s, g.W1, cxp, qdh, counts, o))
 		}
 	}
 }

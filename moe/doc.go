@@ -85,7 +85,8 @@
 // activation or gradient and per 128×128 block of a weight) and PrecisionMXFP8 (OCP MX:
 // E4M3 with an E8M0 scale per 32 elements), quantize each operand with package quant
 // right before its GEMM, which is gemm's FP8 form (RaggedDotBlockwise or RaggedDotMXFP8
-// and their gradients):
+// and their gradients), the incoming gradients dyp and dh once for their two GEMMs,
+// rowwise and columnwise from one pass:
 //
 //	h   = xp·W1     xp rowwise                      W1 as KMajor (cached)
 //	yp  = a·W2      a rowwise                       W2 as KMajor (cached)
@@ -97,16 +98,18 @@
 //
 // The columnwise quantizations need group sizes that sum to the rows they cover: with
 // Config.EP those are the kept rows; without, all rows, the unused rows of a capacity
-// layer (zeros) counted in the last expert's group. Everything else is unchanged: the
-// router, the permutation or dispatch, SwiGLU, the combine, the shared expert, the
-// activations kept for Backward (offloaded or recomputed as before; recomputation
-// quantizes alike, so it rebuilds them bit for bit), and the parameters, gradients and
-// optimizer in their own dtypes. The layer quantizes W1 and W2 once and reuses them
-// while Params holds the same tensors: after changing them in place (each optimizer
-// step) call Layer.InvalidateWeights, or the next steps silently use the old values.
-// Against the bf16 layer on random data the outputs and gradients differ by about 6%
-// (blockwise) and 7% (MXFP8) in relative Frobenius norm, the rounding of four to six
-// E4M3 operands of about 2.6% each. Hidden and FFN must be multiples of 16.
+// layer (zeros) counted in the last expert's group. The rowwise forms of dyp and dh
+// cover the same rows (those of da and dxp past the kept ones are zeros, as the GEMMs
+// write them), with the same codes and scales as on their own. Everything else is
+// unchanged: the router, the permutation or dispatch, SwiGLU, the combine, the shared
+// expert, the activations kept for Backward (offloaded or recomputed as before;
+// recomputation quantizes alike, so it rebuilds them bit for bit), and the parameters,
+// gradients and optimizer in their own dtypes. The layer quantizes W1 and W2 once and
+// reuses them while Params holds the same tensors: after changing them in place (each
+// optimizer step) call Layer.InvalidateWeights, or the next steps silently use the old
+// values. Against the bf16 layer on random data the outputs and gradients differ by
+// about 6% (blockwise) and 7% (MXFP8) in relative Frobenius norm, the rounding of four
+// to six E4M3 operands of about 2.6% each. Hidden and FFN must be multiples of 16.
 //
 // Activation bytes kept for Backward per token without offloading, in every precision
 // (the FP8 precisions keep the bf16 activations and quantize them again in Backward):

@@ -9,26 +9,30 @@ import (
 	"github.com/dropless/dropless/quant"
 )
 
-// The FP8 expert GEMMs (see Precision). Each activation or gradient operand is quantized
-// by its own pass right before its GEMM, from the tensor the layer already has (after
-// the permutation or the expert-parallel dispatch), and freed after it. Future work:
+// The FP8 expert GEMMs (see Precision). Each activation operand is quantized by its own
+// pass right before its GEMM, from the tensor the layer already has (after the
+// permutation or the expert-parallel dispatch), and freed after it. Each incoming
+// gradient of Backward, dyp and dh, is quantized once for its two GEMMs: rowwise and
+// columnwise (in the experts' groups, transposed) from one pass, before its input
+// gradient, and freed after its weight gradient (see experts.newGrad). Future work:
 // quantizing inside the kernels that write the operands (SwiGLU and its gradient, the
-// permutation, the dispatch, as ep.DispatchMXFP8 does), one pass for the rowwise and
-// columnwise forms of dyp and dh, and keeping FP8 activations for Backward.
+// permutation, the dispatch, as ep.DispatchMXFP8 does), and keeping FP8 activations
+// for Backward.
 
 // The quantizations of the operands: rowwise for the forwards and input gradients;
-// columnwise, transposed, in the experts' groups for the weight gradients.
+// columnwise, transposed, in the experts' groups for the weight gradients, with dir
+// Both for a gradient that both its GEMMs read (see experts.newGrad).
 var (
 	blockRows = quant.BlockOptions{Format: quant.E4M3, Scale: quant.ScaleF32, Dir: quant.Rowwise}
 	mxRows    = quant.Options{Format: quant.E4M3, Mode: quant.RCEIL, Dir: quant.Rowwise}
 )
 
-func blockCols(sizes *device.Tensor) quant.BlockOptions {
-	return quant.BlockOptions{Format: quant.E4M3, Scale: quant.ScaleF32, Dir: quant.Columnwise, GroupSizes: sizes}
+func blockCols(sizes *device.Tensor, dir quant.Direction) quant.BlockOptions {
+	return quant.BlockOptions{Format: quant.E4M3, Scale: quant.ScaleF32, Dir: dir, GroupSizes: sizes}
 }
 
-func mxCols(sizes *device.Tensor) quant.Options {
-	return quant.Options{Format: quant.E4M3, Mode: quant.RCEIL, Dir: quant.Columnwise, Transpose: true, GroupSizes: sizes}
+func mxCols(sizes *device.Tensor, dir quant.Direction) quant.Options {
+	return quant.Options{Format: quant.E4M3, Mode: quant.RCEIL, Dir: dir, Transpose: true, GroupSizes: sizes}
 }
 
 // fp8Weights are W1 and W2 quantized in both orientations for an FP8 precision: the
@@ -131,14 +135,15 @@ func (l *Layer) weights(s *device.Stream, p *Params) (*fp8Weights, error) {
 // experts runs the routed experts' GEMMs of one Forward or Backward, on s, in the
 // layer's precision, over the expert rows of act.
 type experts struct {
-	s      *device.Stream
-	cfg    Config
-	p      *Params
-	q      *fp8Weights    // W1 and W2 quantized (FP8 precisions)
-	act    *Activations   // the rows: act.counts, act.rows, act.Perm or act.Layout
-	tmp    *device.Temps  // where colGroups allocates (Backward)
-	sizes  *device.Tensor // colGroups' sizes, once made
-	colRow int            // colGroups' rows
+	s       *device.Stream
+	cfg     Config
+	p       *Params
+	q       *fp8Weights    // W1 and W2 quantized (FP8 precisions)
+	act     *Activations   // the rows: act.counts, act.rows, act.Perm or act.Layout
+	tmp     *device.Temps  // where colGroups allocates (Backward)
+	sizes   *device.Tensor // colGroups' sizes, once made
+	colRow  int            // colGroups' rows
+	twoPass bool           // Layer.gradTwoPass
 }
 
 // experts returns the GEMMs of act's rows on s, with the weights of act.p (quantized
@@ -148,7 +153,7 @@ func (l *Layer) experts(s *device.Stream, act *Activations, tmp *device.Temps) (
 	if err != nil {
 		return nil, err
 	}
-	return &experts{s: s, cfg: l.cfg, p: act.p, q: q, act: act, tmp: tmp}, nil
+	return &experts{s: s, cfg: l.cfg, p: act.p, q: q, act: act, tmp: tmp, twoPass: l.gradTwoPass}, nil
 }
 
 // dot computes, for the rows of each expert, h[R,2F] = xp·W1 (x = xp), or with second
@@ -174,39 +179,134 @@ func (e *experts) dot(y, x *device.Tensor, second bool) error {
 	return gemm.RaggedDot(s, y, x, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
 }
 
-// inputGrad computes, for the rows of each expert, dxp[R,H] = dh·W1ᵀ (dy = dh), or with
-// second da[R,F] = dyp·W2ᵀ (dy = dyp), into dx. An FP8 precision quantizes dy rowwise
-// first.
-func (e *experts) inputGrad(dx, dy *device.Tensor, second bool) error {
-	s, counts := e.s, e.act.counts
-	switch e.cfg.Precision {
-	case PrecisionBlockwise:
-		qdy, err := quant.QuantizeBlockwise(s, dy, blockRows)
-		if err != nil {
-			return err
-		}
-		defer qdy.Free()
-		return gemm.RaggedDotBlockwiseInputGrad(s, dx, qdy, pick(second, e.q.b1, e.q.b2), counts, nil)
-	case PrecisionMXFP8:
-		qdy, err := quant.Quantize(s, dy, mxRows)
-		if err != nil {
-			return err
-		}
-		defer qdy.Free()
-		return gemm.RaggedDotMXFP8InputGrad(s, dx, qdy, pick(second, e.q.m1, e.q.m2), counts, nil)
+// backward computes the gradients through one of the experts' GEMMs from its incoming
+// gradient dy: with second, da[R,F] = dyp·W2ᵀ into dx and dW2 = aᵀ·dyp into dw
+// (dy = dyp, x = a), else dxp[R,H] = dh·W1ᵀ and dW1 = xpᵀ·dh (dy = dh, x = xp). dw nil
+// skips the weight gradient; otherwise x comes from getX, called once the input
+// gradient is enqueued, and the weight gradient is added to dw with acc. An FP8
+// precision quantizes dy once for both GEMMs (see newGrad) and frees it after them.
+func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (*device.Tensor, error), acc, second bool) error {
+	dir := quant.Rowwise
+	if dw != nil && !e.twoPass {
+		dir = quant.Both
 	}
-	return gemm.RaggedDotInputGrad(s, dx, dy, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
+	q, err := e.newGrad(dy, dir)
+	if err != nil {
+		return err
+	}
+	err = e.inputGrad(dx, q, second)
+	if err == nil && dw != nil {
+		var x *device.Tensor
+		if x, err = getX(); err == nil {
+			err = e.weightGrad(dw, x, q, acc)
+		}
+	}
+	return errors.Join(err, q.free())
+}
+
+// grad is an incoming gradient of Backward, dyp or dh, as its GEMMs read it: t itself
+// with PrecisionBF16; with an FP8 precision also t quantized by newGrad.
+type grad struct {
+	t    *device.Tensor
+	dir  quant.Direction  // the forms quantized
+	rows int              // the rows quantized: t's first rows
+	b    *quant.Blockwise // PrecisionBlockwise
+	m    *quant.MXFP8     // PrecisionMXFP8
+}
+
+// newGrad returns dy [R,N] as its GEMMs read it. An FP8 precision quantizes it now, by
+// one pass, in the directions of dir: Rowwise, all R rows, for the input gradient
+// alone; Columnwise, the rows of colGroups in its groups, transposed, for the weight
+// gradient alone; Both, both forms over those rows and groups, for the two GEMMs.
+//
+// Both's rowwise form holds what Rowwise gives on the same rows: a rowwise block lies
+// within a row, and quant quantizes each block from the source alone, so its codes
+// and scale depend neither on the groups nor on the columnwise form made in the same
+// pass. Only MXFP8 stores the scales elsewhere, in the scale rows of the tiles of the
+// row's group (row r of group g at 128·P_g + r − start_g, P_g = Σ_{h<g}
+// ceil(M_h/128)), where the input gradient's GEMM, given a grouped operand, finds
+// them from the experts' counts. colGroups' sizes are those counts but for the last
+// expert's, which takes a capacity layer's unused rows: every group starts at the same
+// scale row either way, and the GEMM reads only the experts' rows.
+func (e *experts) newGrad(dy *device.Tensor, dir quant.Direction) (*grad, error) {
+	q := &grad{t: dy, dir: dir, rows: dy.Dim(0)}
+	if !e.cfg.Precision.fp8() {
+		return q, nil
+	}
+	bo, mo := blockRows, mxRows
+	if dir != quant.Rowwise {
+		sizes, rows, err := e.colGroups()
+		if err != nil {
+			return nil, err
+		}
+		if dy, err = dy.Rows(0, rows); err != nil {
+			return nil, err
+		}
+		q.rows, bo, mo = rows, blockCols(sizes, dir), mxCols(sizes, dir)
+	}
+	var err error
+	if e.cfg.Precision == PrecisionBlockwise {
+		q.b, err = quant.QuantizeBlockwise(e.s, dy, bo)
+	} else {
+		q.m, err = quant.Quantize(e.s, dy, mo)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// free releases q's quantized tensors, in stream order.
+func (q *grad) free() error { return errors.Join(q.b.Free(), q.m.Free()) }
+
+// inputGrad computes, for the rows of each expert, dxp[R,H] = dh·W1ᵀ (dy = dh), or with
+// second da[R,F] = dyp·W2ᵀ (dy = dyp), into dx, from dy's rowwise form for an FP8
+// precision. When that covers fewer rows than dx (the kept rows of Config.EP), the rows
+// past them are zeros, as the GEMM over all rows writes them.
+func (e *experts) inputGrad(dx *device.Tensor, dy *grad, second bool) error {
+	s, counts := e.s, e.act.counts
+	if !e.cfg.Precision.fp8() {
+		return gemm.RaggedDotInputGrad(s, dx, dy.t, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
+	}
+	if dy.dir == quant.Columnwise {
+		return errors.New("moe: internal error: input gradient without the rowwise gradient")
+	}
+	if n := dx.Dim(0); dy.rows < n {
+		rest, err := dx.Rows(dy.rows, n)
+		if err == nil {
+			err = device.Fill(s, rest, 0)
+		}
+		if err == nil {
+			dx, err = dx.Rows(0, dy.rows)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if dy.b != nil {
+		return gemm.RaggedDotBlockwiseInputGrad(s, dx, dy.b, pick(second, e.q.b1, e.q.b2), counts, nil)
+	}
+	return gemm.RaggedDotMXFP8InputGrad(s, dx, dy.m, pick(second, e.q.m1, e.q.m2), counts, nil)
 }
 
 // weightGrad computes dw[e] = x_eᵀ·dy_e for each expert e, dW1 from xp and dh or dW2
 // from a and dyp, in the layer's layout, added to dw with acc. An FP8 precision
-// quantizes x and dy columnwise first, transposed, in blocks of tokens that restart at
-// each expert (the groups of colGroups).
-func (e *experts) weightGrad(dw, x, dy *device.Tensor, acc bool) error {
+// quantizes x columnwise first, transposed, in blocks of tokens that restart at each
+// expert (the groups of colGroups), and reads dy's columnwise form, made by its own
+// pass when dy has none.
+func (e *experts) weightGrad(dw, x *device.Tensor, dy *grad, acc bool) error {
 	s := e.s
 	o := &gemm.Options{Layout: e.cfg.Layout, Accumulate: acc}
 	if !e.cfg.Precision.fp8() {
-		return gemm.RaggedDotWeightGrad(s, dw, x, dy, e.act.counts, o)
+		return gemm.RaggedDotWeightGrad(s, dw, x, dy.t, e.act.counts, o)
+	}
+	if dy.dir == quant.Rowwise {
+		c, err := e.newGrad(dy.t, quant.Columnwise)
+		if err != nil {
+			return err
+		}
+		defer c.free()
+		dy = c
 	}
 	sizes, rows, err := e.colGroups()
 	if err != nil {
@@ -215,33 +315,20 @@ func (e *experts) weightGrad(dw, x, dy *device.Tensor, acc bool) error {
 	if x, err = x.Rows(0, rows); err != nil {
 		return err
 	}
-	if dy, err = dy.Rows(0, rows); err != nil {
-		return err
-	}
 	if e.cfg.Precision == PrecisionBlockwise {
-		qx, err := quant.QuantizeBlockwise(s, x, blockCols(sizes))
+		qx, err := quant.QuantizeBlockwise(s, x, blockCols(sizes, quant.Columnwise))
 		if err != nil {
 			return err
 		}
 		defer qx.Free()
-		qdy, err := quant.QuantizeBlockwise(s, dy, blockCols(sizes))
-		if err != nil {
-			return err
-		}
-		defer qdy.Free()
-		return gemm.RaggedDotBlockwiseWeightGrad(s, dw, qx, qdy, e.act.counts, o)
+		return gemm.RaggedDotBlockwiseWeightGrad(s, dw, qx, dy.b, e.act.counts, o)
 	}
-	qx, err := quant.Quantize(s, x, mxCols(sizes))
+	qx, err := quant.Quantize(s, x, mxCols(sizes, quant.Columnwise))
 	if err != nil {
 		return err
 	}
 	defer qx.Free()
-	qdy, err := quant.Quantize(s, dy, mxCols(sizes))
-	if err != nil {
-		return err
-	}
-	defer qdy.Free()
-	return gemm.RaggedDotMXFP8WeightGrad(s, dw, qx, qdy, e.act.counts, o)
+	return gemm.RaggedDotMXFP8WeightGrad(s, dw, qx, dy.m, e.act.counts, o)
 }
 
 // colGroups returns the groups of the weight gradients' columnwise quantizations, which

@@ -46,14 +46,27 @@ func withPrecision(l *refLayer, p Precision) *refLayer {
 	return &c
 }
 
-var fp8Cases = []struct {
+// fp8Case is a layer of the FP8 tests.
+type fp8Case struct {
 	name       string
 	cfg        Config
 	T          int
 	bias       bool
 	typ, rtyp  device.DType
 	skewExpert int // ≥ 0: every token goes to this expert (TopK 1)
-}{
+}
+
+// inputs returns the case's reference layer and output gradient, random from seed.
+func (tc fp8Case) inputs(seed uint64) (*refLayer, []float32) {
+	r := dt.Rand(seed)
+	l := newRef(r, tc.cfg, tc.T, tc.bias || tc.skewExpert >= 0, tc.typ, tc.rtyp)
+	if tc.skewExpert >= 0 {
+		l.bias[tc.skewExpert] = 10
+	}
+	return l, randn(r, tc.typ, tc.T*tc.cfg.Hidden, 1)
+}
+
+var fp8Cases = []fp8Case{
 	{"bf16_softmax_shared", Config{Hidden: 64, FFN: 32, SharedFFN: 32,
 		Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.01}}, 256, false, device.BF16, device.BF16, -1},
 	{"f32_sigmoid_groups_nk", Config{Hidden: 48, FFN: 32, Layout: gemm.NK,
@@ -100,12 +113,7 @@ func TestLayerFP8(t *testing.T) {
 	}
 	preps := make([]prepared, len(fp8Cases))
 	for i, tc := range fp8Cases {
-		r := dt.Rand(uint64(900 + i))
-		l := newRef(r, tc.cfg, tc.T, tc.bias || tc.skewExpert >= 0, tc.typ, tc.rtyp)
-		if tc.skewExpert >= 0 {
-			l.bias[tc.skewExpert] = 10
-		}
-		gy := randn(r, tc.typ, tc.T*tc.cfg.Hidden, 1)
+		l, gy := tc.inputs(uint64(900 + i))
 		p := prepared{l: l, gy: gy, cpu: map[Precision]layerRun{}}
 		for _, prec := range append([]Precision{PrecisionBF16}, fp8Precisions...) {
 			p.cpu[prec] = runLayer(t, device.CPU(), withPrecision(l, prec), tc.typ, tc.rtyp, gy)
@@ -303,6 +311,109 @@ func TestLayerFP8Deterministic(t *testing.T) {
 	})
 }
 
+// TestFP8GradOnePass checks that quantizing each incoming gradient of Backward once, in
+// both directions, changes no result: the output and every gradient are bit for bit
+// those of the layer that quantizes it by one pass per GEMM (rowwise over all rows for
+// the input gradient, columnwise in the weight gradient's groups), on the cases of
+// TestLayerFP8 (unused rows of a capacity layer in the last expert's group, short
+// blocks, one skewed expert, no tokens) and expert-parallel, where the kept rows are
+// fewer than the buffers' and the input gradients' rows past them zeros.
+func TestFP8GradOnePass(t *testing.T) {
+	same := func(t *testing.T, want, got layerRun) {
+		t.Helper()
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
+			t.Errorf("one pass per gradient against one per GEMM (-two passes +one):\n%s", diff)
+		}
+	}
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		for i, tc := range fp8Cases {
+			l, gy := tc.inputs(uint64(990 + i))
+			for _, prec := range fp8Precisions {
+				t.Run(name(tc.name, "/", prec), func(t *testing.T) {
+					two := withPrecision(l, prec)
+					two.gradTwoPass = true
+					want := runLayer(t, d, two, tc.typ, tc.rtyp, gy)
+					if tc.T > 0 && cmp.Equal(want.dw1, make([]float32, len(want.dw1))) {
+						t.Fatal("dw1 is all zeros")
+					}
+					same(t, want, runLayer(t, d, withPrecision(l, prec), tc.typ, tc.rtyp, gy))
+				})
+			}
+		}
+		cfg := Config{Hidden: 32, FFN: 16, SharedFFN: 16, Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.5}}
+		tokens := []int{40, 0, 70, 18}
+		T := 0
+		for _, n := range tokens {
+			T += n
+		}
+		r := dt.Rand(999)
+		base := newRef(r, cfg, T, false, device.BF16, device.F32)
+		gy := randn(r, device.BF16, T*cfg.Hidden, 1)
+		for _, prec := range fp8Precisions {
+			t.Run(name("ep_4ranks/", prec), func(t *testing.T) {
+				two := withPrecision(base, prec)
+				two.gradTwoPass = true
+				want := runRanks(t, d, two, tokens, device.BF16, gy)
+				got := runRanks(t, d, withPrecision(base, prec), tokens, device.BF16, gy)
+				for rk := range tokens {
+					t.Run(name("rank", rk), func(t *testing.T) { same(t, want[rk], got[rk]) })
+				}
+			})
+		}
+	})
+}
+
+// TestFP8GradKeptRows checks the input gradients of an incoming gradient quantized for
+// both its GEMMs over fewer rows than its tensor's (the kept rows of an expert-parallel
+// layer; the rows past them hold anything): bit for bit those of the gradient quantized
+// rowwise over all its rows, the rows past the kept ones zeros.
+func TestFP8GradKeptRows(t *testing.T) {
+	counts := []int32{5, 0, 130, 7}
+	const R, used = 200, 142
+	cfg := Config{Hidden: 48, FFN: 32, Router: RouterConfig{Experts: 4, TopK: 1}}
+	H, F, E := cfg.Hidden, cfg.FFN, cfg.Router.Experts
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		s := d.Stream()
+		r := dt.Rand(985)
+		p := &Params{W1: up(t, s, device.BF16, randn(r, device.BF16, E*H*2*F, 0.2), E, H, 2*F),
+			W2: up(t, s, device.BF16, randn(r, device.BF16, E*F*H, 0.2), E, F, H)}
+		sizes := upI32(t, s, counts, E)
+		defer device.FreeAll(p.W1, p.W2, sizes)
+		for _, prec := range fp8Precisions {
+			for _, second := range []bool{false, true} {
+				t.Run(name(prec, "/", pick(second, "w1", "w2")), func(t *testing.T) {
+					c := cfg
+					c.Precision = prec
+					lay := dt.Must(NewLayer(c))
+					defer lay.InvalidateWeights()
+					ex := &experts{s: s, cfg: c, p: p, q: dt.Must(lay.weights(s, p)), act: &Activations{counts: sizes}, sizes: sizes, colRow: used}
+					n, k := 2*F, H // dh [R,2F] into dxp [R,H]
+					if second {
+						n, k = H, F // dyp [R,H] into da [R,F]
+					}
+					dy := up(t, s, device.BF16, randn(r, device.BF16, R*n, 1), R, n)
+					defer dy.Free()
+					inputGrad := func(dir quant.Direction) []float32 {
+						dx := alloc(t, s, device.BF16, R, k)
+						defer dx.Free()
+						q := dt.Must(ex.newGrad(dy, dir))
+						defer q.free()
+						dt.NoErr(t, ex.inputGrad(dx, q, second))
+						return down(t, s, dx)
+					}
+					want, got := inputGrad(quant.Rowwise), inputGrad(quant.Both)
+					if !cmp.Equal(want[used*k:], make([]float32, (R-used)*k)) {
+						t.Fatal("rows past the kept ones of the input gradient over all rows are not zeros")
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Errorf("input gradient of the kept rows quantized both ways (-all rows rowwise +kept rows both ways):\n%s", diff)
+					}
+				})
+			}
+		}
+	})
+}
+
 // TestLayerFP8Invalidate checks the contract of the cached quantized weights: a Forward
 // after W1 changed in place uses the cached copies, one after InvalidateWeights the new
 // values, one given another tensor that tensor's values; a Backward after
@@ -424,21 +535,24 @@ func TestFP8PaddedGroups(t *testing.T) {
 					shape := wshape(layout, len(counts), K, N)
 					got := alloc(t, s, device.F32, shape...)
 					defer got.Free()
-					dt.NoErr(t, ex.weightGrad(got, x, dy, false))
+					// dy as Backward quantizes it for both its GEMMs.
+					qdy := dt.Must(ex.newGrad(dy, quant.Both))
+					defer qdy.free()
+					dt.NoErr(t, ex.weightGrad(got, x, qdy, false))
 					// The kept rows alone, in the experts' groups.
 					want := alloc(t, s, device.F32, shape...)
 					defer want.Free()
 					xk, dyk := dt.Must(x.Rows(0, used)), dt.Must(dy.Rows(0, used))
 					o := &gemm.Options{Layout: layout}
 					if prec == PrecisionBlockwise {
-						qx := dt.Must(quant.QuantizeBlockwise(s, xk, blockCols(pm.Counts)))
-						qdy := dt.Must(quant.QuantizeBlockwise(s, dyk, blockCols(pm.Counts)))
+						qx := dt.Must(quant.QuantizeBlockwise(s, xk, blockCols(pm.Counts, quant.Columnwise)))
+						qdy := dt.Must(quant.QuantizeBlockwise(s, dyk, blockCols(pm.Counts, quant.Columnwise)))
 						defer qx.Free()
 						defer qdy.Free()
 						dt.NoErr(t, gemm.RaggedDotBlockwiseWeightGrad(s, want, qx, qdy, pm.Counts, o))
 					} else {
-						qx := dt.Must(quant.Quantize(s, xk, mxCols(pm.Counts)))
-						qdy := dt.Must(quant.Quantize(s, dyk, mxCols(pm.Counts)))
+						qx := dt.Must(quant.Quantize(s, xk, mxCols(pm.Counts, quant.Columnwise)))
+						qdy := dt.Must(quant.Quantize(s, dyk, mxCols(pm.Counts, quant.Columnwise)))
 						defer qx.Free()
 						defer qdy.Free()
 						dt.NoErr(t, gemm.RaggedDotMXFP8WeightGrad(s, want, qx, qdy, pm.Counts, o))

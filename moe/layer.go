@@ -17,6 +17,10 @@ type Layer struct {
 	// trace, when set (by benchmarks), is called on the stream after each stage of
 	// Forward and Backward with the stage's name.
 	trace func(s *device.Stream, stage string)
+	// gradTwoPass, when set (by tests), makes an FP8 Backward quantize each incoming
+	// gradient by two passes, rowwise for the input gradient and columnwise for the
+	// weight gradient, the reference of the one pass it otherwise makes.
+	gradTwoPass bool
 
 	mu sync.Mutex  // guards q
 	q  *fp8Weights // FP8 precisions: W1 and W2 quantized, or nil

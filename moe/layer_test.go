@@ -108,6 +108,7 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	c := l.cfg
 	T, H, F, E, Fs, L := l.T, c.Hidden, c.FFN, c.Router.Experts, c.SharedFFN, c.localExperts()
 	lay := dt.Must(NewLayer(c))
+	lay.gradTwoPass = l.gradTwoPass
 	defer lay.InvalidateWeights() // an FP8 layer's cached weights
 	var ts []*device.Tensor
 	defer func() { device.FreeAll(ts...) }()

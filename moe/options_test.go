@@ -66,39 +66,8 @@ func testLayerEP(t *testing.T, cfg Config, tokens []int) {
 				if !(want.stats.AuxLoss > 0) {
 					t.Fatalf("one-device AuxLoss = %v, want > 0", want.stats.AuxLoss)
 				}
-				off := make([]int, R+1)
-				for rk, n := range tokens {
-					off[rk+1] = off[rk] + n
-				}
-				w, err := ep.NewWorld(R, d)
-				dt.NoErr(t, err)
-				got := make([]layerRun, R)
-				var mu sync.Mutex
-				err = w.Run(func(tr ep.Transport) error {
-					rk := tr.Rank()
-					g, err := ep.NewGroup(tr, ep.Config{Experts: E, TopK: cfg.Router.TopK})
-					if err != nil {
-						return err
-					}
-					defer g.Close()
-					l := *base
-					l.cfg.EP = g
-					l.T = tokens[rk]
-					l.x = base.x[off[rk]*H : off[rk+1]*H]
-					l.w1 = base.w1[rk*L*H*2*F : (rk+1)*L*H*2*F]
-					l.w2 = base.w2[rk*L*F*H : (rk+1)*L*F*H]
-					s, err := d.NewStream()
-					if err != nil {
-						return err
-					}
-					defer s.Close()
-					res, err := runLayerErr(s, &l, typ, device.F32, gy[off[rk]*H:off[rk+1]*H])
-					mu.Lock()
-					got[rk] = res
-					mu.Unlock()
-					return err
-				})
-				dt.NoErr(t, err)
+				off := rankOffsets(tokens)
+				got := runRanks(t, d, base, tokens, typ, gy)
 				tl := tol(typ)
 				sum := func(f func(layerRun) []float32) []float64 {
 					var out []float64
@@ -140,6 +109,56 @@ func testLayerEP(t *testing.T, cfg Config, tokens []int) {
 			})
 		}
 	})
+}
+
+// rankOffsets returns the offsets of the ranks' tokens in the batch.
+func rankOffsets(tokens []int) []int {
+	off := make([]int, len(tokens)+1)
+	for rk, n := range tokens {
+		off[rk+1] = off[rk] + n
+	}
+	return off
+}
+
+// runRanks runs base expert-parallel over an in-process world of len(tokens) ranks on
+// d, rank rk with the next tokens[rk] tokens of base's batch and of gy and its experts'
+// share of base's weights, and returns each rank's results.
+func runRanks(t *testing.T, d *device.Device, base *refLayer, tokens []int, typ device.DType, gy []float32) []layerRun {
+	t.Helper()
+	cfg := base.cfg
+	R := len(tokens)
+	E, H, F, L := cfg.Router.Experts, cfg.Hidden, cfg.FFN, cfg.Router.Experts/R
+	off := rankOffsets(tokens)
+	w, err := ep.NewWorld(R, d)
+	dt.NoErr(t, err)
+	got := make([]layerRun, R)
+	var mu sync.Mutex
+	err = w.Run(func(tr ep.Transport) error {
+		rk := tr.Rank()
+		g, err := ep.NewGroup(tr, ep.Config{Experts: E, TopK: cfg.Router.TopK})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		l := *base
+		l.cfg.EP = g
+		l.T = tokens[rk]
+		l.x = base.x[off[rk]*H : off[rk+1]*H]
+		l.w1 = base.w1[rk*L*H*2*F : (rk+1)*L*H*2*F]
+		l.w2 = base.w2[rk*L*F*H : (rk+1)*L*F*H]
+		s, err := d.NewStream()
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		res, err := runLayerErr(s, &l, typ, device.F32, gy[off[rk]*H:off[rk+1]*H])
+		mu.Lock()
+		got[rk] = res
+		mu.Unlock()
+		return err
+	})
+	dt.NoErr(t, err)
+	return got
 }
 
 // runLayerErr is runLayer for a goroutine: it returns errors instead of failing.

@@ -10,9 +10,10 @@ import "fmt"
 // rows xp and the SwiGLU output a rowwise (blocks along the hidden or intermediate
 // width) for the forwards, the incoming gradients dyp and dh rowwise for the input
 // gradients, and xp, a, dyp and dh columnwise in blocks of tokens that restart at each
-// expert, transposed, for the weight gradients. W1 and W2 are quantized in both
-// orientations once and cached by the Layer (see Layer.InvalidateWeights). Elements are
-// E4M3 throughout, gradients included, as fine-grained scales allow (DeepSeek-V3).
+// expert, transposed, for the weight gradients (dyp and dh in both forms from one pass
+// over each). W1 and W2 are quantized in both orientations once and cached by the Layer
+// (see Layer.InvalidateWeights). Elements are E4M3 throughout, gradients included, as
+// fine-grained scales allow (DeepSeek-V3).
 //
 // Nothing else changes: the parameters, the master weights the optimizer updates, the
 // gradients (Grads, written in their own dtypes) and the activations the layer keeps

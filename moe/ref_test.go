@@ -197,6 +197,8 @@ type refLayer struct {
 	bias     []float64 // [E] or nil
 	w1, w2   []float64 // [E,H,2F], [E,F,H]
 	sw1, sw2 []float64 // [H,2Fs], [Fs,H]
+	// gradTwoPass sets the Layer's gradTwoPass in runLayer.
+	gradTwoPass bool
 }
 
 type refResult struct {
