@@ -454,6 +454,7 @@ func (f *argFixture) backwardCases() []badArg {
 	return []badArg{
 		{"Backward/nil_stream", "Backward: nil stream", call(l, nil, g, dy, act)},
 		{"Backward/nil_layer", "nil Layer", call(nil, s, g, dy, act)},
+		{"InvalidateWeights/nil_layer", "nil Layer", func() error { return (*Layer)(nil).InvalidateWeights() }},
 		{"Backward/nil_grads", "nil Grads", call(l, s, nil, dy, act)},
 		{"Backward/nil_activations", "Activations", call(l, s, g, dy, nil)},
 		{"Backward/freed_activations", "freed", call(l, s, g, dy, gone)},

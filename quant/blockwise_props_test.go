@@ -398,14 +398,7 @@ func TestQuantizeWeightsOrientations(t *testing.T) {
 		s := d.Stream()
 		const g, k, n = 2, 272, 144
 		kn := bwValues(dt.Rand(11), g*k*n, n, true)
-		nk := make([]float32, len(kn))
-		for e := range g {
-			for i := range k {
-				for j := range n {
-					nk[(e*n+j)*k+i] = kn[(e*k+i)*n+j]
-				}
-			}
-		}
+		nk := nkOf(kn, g, k, n)
 		for _, kind := range []ScaleKind{ScaleF32, ScalePow2} {
 			var outs [2][3][]byte
 			for o, vals := range [][]float32{kn, nk} {

@@ -216,14 +216,7 @@ func TestMXFP8WeightsOrientations(t *testing.T) {
 		s := d.Stream()
 		const g, k, n = 2, 272, 144
 		kn := testValues(dt.Rand(11), g*k*n, true)
-		nk := make([]float32, len(kn))
-		for e := range g {
-			for i := range k {
-				for j := range n {
-					nk[(e*n+j)*k+i] = kn[(e*k+i)*n+j]
-				}
-			}
-		}
+		nk := nkOf(kn, g, k, n)
 		for _, mode := range []ScaleMode{RCEIL, FLOOR} {
 			a, qa := mxwQuant(t, s, device.BF16, kn, mxwCase{g: g, k: k, n: n}, Options{Mode: mode})
 			b, qb := mxwQuant(t, s, device.BF16, nk, mxwCase{g: g, k: k, n: n, nk: true}, Options{Mode: mode})

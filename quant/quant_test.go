@@ -540,3 +540,16 @@ func checkExhaustive(t *testing.T, vals []float32, got refOut, f Format, mode Sc
 		}
 	}
 }
+
+// nkOf returns the [G, N, K] transpose of weights kn stored [G, K, N].
+func nkOf(kn []float32, g, k, n int) []float32 {
+	nk := make([]float32, len(kn))
+	for e := range g {
+		for i := range k {
+			for j := range n {
+				nk[(e*n+j)*k+i] = kn[(e*k+i)*n+j]
+			}
+		}
+	}
+	return nk
+}

@@ -52,17 +52,23 @@ func TestFP8StagesMirrorC(t *testing.T) {
 	}
 }
 
+// skipUnlessFP8 skips t unless d is a GPU that runs the FP8 kernels.
+func skipUnlessFP8(t *testing.T, d *device.Device) {
+	t.Helper()
+	if !d.IsCUDA() {
+		t.Skip("CPU")
+	}
+	if err := BlockwiseSupported(d); err != nil {
+		t.Skip(err)
+	}
+}
+
 // TestFP8ClusterGrid: on a GPU that runs the FP8 kernels, the two-CTA kernels' persistent
 // grid holds whole clusters and covers most of the multiprocessors (else the one-CTA
 // kernels would serve better); it logs the grid.
 func TestFP8ClusterGrid(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
-		if !d.IsCUDA() {
-			t.Skip("CPU")
-		}
-		if err := BlockwiseSupported(d); err != nil {
-			t.Skip(err)
-		}
+		skipUnlessFP8(t, d)
 		for _, name := range []string{"dl_hopper_fp8_x2_e4m3_e4m3", "dl_hopper_fp8_wgrad_x2_e4m3_e4m3", "dl_hopper_mx_x2_e4m3_e4m3"} {
 			k, err := d.Kernel(fp8, name)
 			if err != nil {
@@ -86,12 +92,7 @@ func TestFP8ClusterGrid(t *testing.T) {
 // launches anything; a cluster size below 1 is an error of MaxActiveClusters.
 func TestFP8BadArgs(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
-		if !d.IsCUDA() {
-			t.Skip("CPU")
-		}
-		if err := BlockwiseSupported(d); err != nil {
-			t.Skip(err)
-		}
+		skipUnlessFP8(t, d)
 		s := d.Stream()
 		al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
 		// G=2 groups, M=64 rows, K=128, N=256; the weight gradient's R=128, C=256, Mp=256.
