@@ -22,6 +22,9 @@ func statusError(op, code int, v [3]int64) error {
 	if err := blockwiseStatusError(op, code, v); err != nil {
 		return err
 	}
+	if err := gatherStatusError(op, code, v); err != nil {
+		return err
+	}
 	switch code {
 	case statusNegative:
 		return errors.New("quant: invalid GroupSizes: a size is negative; the outputs were set to NaN")

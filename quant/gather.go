@@ -1,0 +1,240 @@
+package quant
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/internal/par"
+)
+
+// Gathering quantized rows: moving each token's rowwise-quantized row, codes and
+// scales, to the rows that need it (the expert rows of a MoE layer, where a token's row
+// appears once per expert it is routed to), instead of quantizing the moved bf16 rows.
+// A rowwise block lies within a row and is quantized from that row alone, so the
+// gathered rows are bit for bit what quantizing the gathered source rows gives.
+
+//go:embed kernels/gather.cu
+var gatherSrc string
+
+// gatherKernels is the program of the gather kernels (kernels/gather.cu).
+var gatherKernels = device.NewProgram("gather.cu", gatherSrc)
+
+// The ops of the gathers' records of index entries out of range in a device.Status
+// (domain statusDomain, code statusIndex, values: the destination row, the entry and
+// the bound). kernels/gather.cu records them with the op it is given.
+const (
+	opGatherBlockwise = 4
+	opGatherMXFP8     = 5
+	statusIndex       = 3
+)
+
+// gatherStatusError returns the error of a gather's record, nil for other ops.
+func gatherStatusError(op, code int, v [3]int64) error {
+	fn := map[int]string{opGatherBlockwise: "GatherBlockwise", opGatherMXFP8: "GatherMXFP8"}[op]
+	if fn == "" {
+		return nil
+	}
+	if code == statusIndex {
+		return fmt.Errorf("quant: %s: index[%d] = %d: want -1 or a copy in [0, %d); that row was gathered as a zero row", fn, v[0], v[1], v[2])
+	}
+	return fmt.Errorf("quant: %s: invalid index (code %d)", fn, code)
+}
+
+// GatherBlockwise returns, for an index I32[R] on s's device, the R rows of src's
+// rowwise form chosen by it: row r of the result is src's row index[r]/per, codes and
+// scales, or where index[r] is -1 an all-zero row as quantizing one gives it (codes 0,
+// scale 1). per (≥ 1) is the number of copies of each source row that index numbers,
+// copy j of row i being i·per + j: 1 when index holds row numbers, K for the
+// assignments of a MoE layer's tokens to their top-K experts. The result is rowwise,
+// without groups, with src's format and scale kind, allocated on s; it is what
+// QuantizeBlockwise gives for the gathered source rows, bit for bit.
+//
+// src must hold its rowwise form (Dir Rowwise or Both, grouped or not). Entries of
+// index outside [-1, src.M·per) give zero rows and are recorded in st (the first one,
+// as an error of st.Check), which must not be nil. Nothing waits for the device.
+func GatherBlockwise(s *device.Stream, src *Blockwise, index *device.Tensor, per int, st *device.Status) (*Blockwise, error) {
+	const fn = "GatherBlockwise"
+	if s == nil {
+		return nil, fmt.Errorf("quant: %s: nil stream", fn)
+	}
+	if err := src.check(fn, s, Rowwise); err != nil {
+		return nil, err
+	}
+	R, err := checkGather(fn, s, index, per, st)
+	if err != nil {
+		return nil, err
+	}
+	opt := BlockOptions{Format: src.Format, Scale: src.Scale, Dir: Rowwise}
+	dst, err := allocBlockwise(fn, s, R, src.K, opt, fmt.Sprintf("%d gathered rows of %d", R, src.K))
+	if err != nil {
+		return nil, err
+	}
+	sg, dg := src.alloc.g, dst.alloc.g
+	if s.Device().IsCUDA() {
+		err = gatherGPU(s, "dl_gather_bw", dst.Row, src.Row, dst.RowScale, src.RowScale, index, per, src.M, src.K, st, opGatherBlockwise,
+			int64(dg.mr), int64(sg.mr), int64(sg.nb))
+	} else {
+		err = s.EnqueueCPU(func() {
+			dq, sq := bytesOf(dst.Row), bytesOf(src.Row)
+			ds, ss := device.Slice[float32](dst.RowScale), device.Slice[float32](src.RowScale)
+			K, nb := src.K, sg.nb
+			bad := gatherCPU(device.Slice[int32](index), per, src.M, func(r, i int) {
+				for b := range nb {
+					if i < 0 {
+						ds[b*dg.mr+r] = 1
+					} else {
+						ds[b*dg.mr+r] = ss[b*sg.mr+i]
+					}
+				}
+				if i < 0 {
+					clear(dq[r*K : (r+1)*K])
+				} else {
+					copy(dq[r*K:(r+1)*K], sq[i*K:(i+1)*K])
+				}
+			})
+			for b := range nb {
+				clear(ds[b*dg.mr+R : (b+1)*dg.mr])
+			}
+			recordGather(st, opGatherBlockwise, bad, src.M*per)
+		})
+	}
+	if err != nil {
+		dst.Free()
+		return nil, fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	return dst, nil
+}
+
+// GatherMXFP8 is GatherBlockwise for MXFP8: row r of the result is src's rowwise row
+// index[r]/per, codes and E8M0 scales, or an all-zero row (codes 0, scale code 0) where
+// index[r] is -1. The result is rowwise, unswizzled, without groups, with src's format
+// and mode, allocated on s: what Quantize gives for the gathered source rows, bit for
+// bit. src must hold its rowwise form, unswizzled and without groups (whose scale rows
+// follow the groups' tiles).
+func GatherMXFP8(s *device.Stream, src *MXFP8, index *device.Tensor, per int, st *device.Status) (*MXFP8, error) {
+	const fn = "GatherMXFP8"
+	if s == nil {
+		return nil, fmt.Errorf("quant: %s: nil stream", fn)
+	}
+	if err := src.check(fn, s, Rowwise); err != nil {
+		return nil, err
+	}
+	if src.Swizzled || src.grouped {
+		return nil, fmt.Errorf("quant: %s: src's rowwise scales are swizzled (%v) or grouped (%v): want neither", fn, src.Swizzled, src.grouped)
+	}
+	R, err := checkGather(fn, s, index, per, st)
+	if err != nil {
+		return nil, err
+	}
+	opt := Options{Format: src.Format, Mode: src.Mode, Dir: Rowwise}
+	dst, err := alloc(fn, s, R, src.K, opt, fmt.Sprintf("%d gathered rows of %d", R, src.K))
+	if err != nil {
+		return nil, err
+	}
+	cp := src.g.cp
+	if s.Device().IsCUDA() {
+		err = gatherGPU(s, "dl_gather_mx", dst.Row, src.Row, dst.RowScale, src.RowScale, index, per, src.M, src.K, st, opGatherMXFP8,
+			int64(32*dst.g.ntiles), int64(cp), 0)
+	} else {
+		err = s.EnqueueCPU(func() {
+			dq, sq := bytesOf(dst.Row), bytesOf(src.Row)
+			ds, ss := bytesOf(dst.RowScale), bytesOf(src.RowScale)
+			K := src.K
+			bad := gatherCPU(device.Slice[int32](index), per, src.M, func(r, i int) {
+				if i < 0 {
+					clear(dq[r*K : (r+1)*K])
+					clear(ds[r*cp : (r+1)*cp])
+					return
+				}
+				copy(dq[r*K:(r+1)*K], sq[i*K:(i+1)*K])
+				copy(ds[r*cp:(r+1)*cp], ss[i*cp:(i+1)*cp])
+			})
+			clear(ds[R*cp:])
+			recordGather(st, opGatherMXFP8, bad, src.M*per)
+		})
+	}
+	if err != nil {
+		dst.Free()
+		return nil, fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	return dst, nil
+}
+
+// checkGather returns the rows R of index, an I32[R] on s's device, after checking it,
+// per ≥ 1 and st, a Status usable on s.
+func checkGather(fn string, s *device.Stream, index *device.Tensor, per int, st *device.Status) (int, error) {
+	if err := index.Check(s, "index"); err != nil {
+		return 0, fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	if index.DType() != device.I32 || index.Rank() != 1 {
+		return 0, fmt.Errorf("quant: %s: index is %v: want i32[R]", fn, index)
+	}
+	if per < 1 {
+		return 0, fmt.Errorf("quant: %s: per = %d: want ≥ 1", fn, per)
+	}
+	if st == nil {
+		return 0, fmt.Errorf("quant: %s: st is nil: want the Status that records index entries out of range", fn)
+	}
+	if err := st.Usable(s, "st"); err != nil {
+		return 0, fmt.Errorf("quant: %s: %w", fn, err)
+	}
+	return index.Len(), nil
+}
+
+// gatherCPU calls row(r, i) for each destination row r with its source row i (-1: a
+// zero row) from index and per over m source rows, in parallel, and returns the first
+// entry out of range as {r, entry} (r = -1: none), whose row is a zero row.
+func gatherCPU(index []int32, per, m int, row func(r, i int)) [2]int64 {
+	lim := int64(m) * int64(per)
+	par.For(len(index), 256, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			e := int64(index[r])
+			if e < 0 || e >= lim {
+				row(r, -1)
+				continue
+			}
+			row(r, int(e/int64(per)))
+		}
+	})
+	for r, e := range index {
+		if e < -1 || int64(e) >= lim {
+			return [2]int64{int64(r), int64(e)}
+		}
+	}
+	return [2]int64{-1, 0}
+}
+
+// recordGather records the CPU gather's first bad entry in st.
+func recordGather(st *device.Status, op int, bad [2]int64, lim int) {
+	if bad[0] >= 0 {
+		// st was checked to be usable on the CPU stream: Record cannot fail.
+		_ = st.Record(device.StatusCode(statusDomain, op, statusIndex), bad[0], bad[1], int64(lim))
+	}
+}
+
+// gatherGPU launches kernel name (dl_gather_bw or dl_gather_mx, _w16 or _w1 by the
+// alignment of the codes): one block per destination scale row (dstRows of them:
+// the blockwise scales' padded columns, or the MXFP8 scale rows), each copying its
+// row's K codes and scales. For blockwise, a and b are the destination's and source's
+// scale strides and c the blocks per row; for MXFP8, a is the destination's scale rows
+// and b the scale bytes per row.
+func gatherGPU(s *device.Stream, name string, dq, sq, ds, ss, index *device.Tensor, per, m, k int, st *device.Status, op int, a, b, c int64) error {
+	rows := int(a)
+	if rows == 0 {
+		return nil
+	}
+	vec := "_w1"
+	if k%16 == 0 && (dq.Len() == 0 || dq.Ptr()%16 == 0) && (sq.Len() == 0 || sq.Ptr()%16 == 0) {
+		vec = "_w16"
+	}
+	kern, err := s.Device().Kernel(gatherKernels, name+vec)
+	if err != nil {
+		return err
+	}
+	return kern.Launch(s, device.D1(rows), device.D1(gatherThreads), 0, dq, sq, ds, ss, index, int32(index.Len()), int32(per), int32(m),
+		int64(k), a, b, c, st, int32(op))
+}
+
+// gatherThreads is the block of the gather kernels.
+const gatherThreads = 128
