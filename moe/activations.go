@@ -28,6 +28,7 @@ type saved struct {
 	inOff  bool // h is live: the offloader holds the activation
 	loaned bool // t came back from the offloader or was recomputed: Backward releases it
 	gone   bool // released after its last use in Backward
+	lazy   bool // not kept by Forward: Backward recomputes it (the permuted x of an FP8 layer)
 }
 
 // Activations is what Forward keeps for Backward, on the device of the call. Free it
@@ -106,6 +107,14 @@ func (a *Activations) prefetch(sl *saved) error {
 func (a *Activations) get(s *device.Stream, sl *saved, recompute func() (*device.Tensor, error)) (*device.Tensor, error) {
 	if sl.gone {
 		return nil, fmt.Errorf("moe: activation %s was released by an earlier Backward (with Config.Offload, Backward runs once)", sl.name)
+	}
+	if sl.lazy {
+		t, err := recompute()
+		if err != nil {
+			return nil, fmt.Errorf("moe: activation %s: %w", sl.name, err)
+		}
+		sl.t, sl.loaned, sl.lazy = t, true, false
+		return t, nil
 	}
 	if !sl.inOff {
 		if sl.t == nil {

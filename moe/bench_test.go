@@ -206,6 +206,13 @@ func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *
 		}
 	}
 	if lay.cfg.Precision.fp8() {
+		if act.xp.t == nil {
+			// The FP8 layer keeps no permuted x (see gatherX): the GEMMs get their own.
+			xp := dt.Must(s.Alloc(typ, R, H))
+			dt.NoErr(b, Permute(s, xp, x, act.Perm))
+			act.xp.t = xp
+			defer func() { act.xp.t = nil; dt.NoErr(b, xp.Free()) }()
+		}
 		var free func()
 		run, free = fp8GEMMs(b, lay, s, act, g, dyp, da, dh, dxp, bwd)
 		defer free()

@@ -88,7 +88,8 @@
 // and their gradients), the incoming gradients dyp and dh once for their two GEMMs,
 // rowwise and columnwise from one pass:
 //
-//	h   = xp·W1     xp rowwise                      W1 as KMajor (cached)
+//	h   = xp·W1     xp rowwise (x's rows quantized, then gathered; see below)
+//	                                                W1 as KMajor (cached)
 //	yp  = a·W2      a rowwise                       W2 as KMajor (cached)
 //	da  = dyp·W2ᵀ   dyp rowwise                     W2 as NMajor (cached)
 //	dW2 = aᵀ·dyp    a and dyp columnwise, transposed, in token blocks that restart at
@@ -101,9 +102,10 @@
 // layer (zeros) counted in the last expert's group. The rowwise forms of dyp and dh
 // cover the same rows (those of da and dxp past the kept ones are zeros, as the GEMMs
 // write them), with the same codes and scales as on their own. Everything else is
-// unchanged: the router, the permutation or dispatch, SwiGLU, the combine, the shared
-// expert, the activations kept for Backward (offloaded or recomputed as before;
-// recomputation quantizes alike, so it rebuilds them bit for bit), and the parameters,
+// unchanged but for the permuted x (below): the router, the dispatch, SwiGLU, the
+// combine, the shared expert, the other activations kept for Backward (offloaded or
+// recomputed as before; recomputation quantizes alike, so it rebuilds them bit for
+// bit), and the parameters,
 // gradients and optimizer in their own dtypes. The layer quantizes W1 and W2 once and
 // reuses them while Params holds the same tensors: after changing them in place (each
 // optimizer step) call Layer.InvalidateWeights, or the next steps silently use the old
@@ -111,12 +113,20 @@
 // about 6% (blockwise) and 7% (MXFP8) in relative Frobenius norm, the rounding of four
 // to six E4M3 operands of about 2.6% each. Hidden and FFN must be multiples of 16.
 //
-// Activation bytes kept for Backward per token without offloading, in every precision
-// (the FP8 precisions keep the bf16 activations and quantize them again in Backward):
-// K·(2H + 3F) elements of the parameters' dtype (ActPermuted, ActWi, ActSwiGLU, ActWo),
-// plus the shared expert's 3·Fs; with bf16 parameters at H=7168, F=2048, K=8 that is
-// 320 KiB a token. Keeping them in FP8 instead (one byte and a scale per block) would
-// about halve it.
+// Without Config.EP an FP8 layer quantizes x's T rows and moves each token's codes and
+// scales to its K expert rows for W1's GEMM (quant.GatherBlockwise, quant.GatherMXFP8),
+// bit for bit the quantization of the permuted rows, instead of permuting x in bf16 and
+// quantizing T·K rows; it keeps no permuted x, and Backward permutes x again for W1's
+// weight gradient (with Config.EP the dispatched rows are quantized after the
+// dispatch, and kept).
+//
+// Activation bytes kept for Backward per token without offloading: K·(2H + 3F)
+// elements of the parameters' dtype in bf16 (ActPermuted, ActWi, ActSwiGLU, ActWo);
+// K·(H + 3F) in FP8 without Config.EP (no ActPermuted; the FP8 precisions keep the
+// other activations in bf16 and quantize them again in Backward); plus the shared
+// expert's 3·Fs. With bf16 parameters at H=7168, F=2048, K=8 that is 320 KiB a token in
+// bf16 and 208 KiB in FP8. Keeping them in FP8 instead (one byte and a scale per block)
+// would about halve that again.
 //
 // # Cost
 //

@@ -45,6 +45,7 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 	}
 	l.mark(s, "router")
 	var xp *device.Tensor
+	var qxp fp8Rows // FP8 without Config.EP: x's rows quantized and gathered (xp stays nil)
 	if c.EP == nil {
 		capacity, err := Capacity(c.CapacityFactor, T, c.Router.TopK, E)
 		if err != nil {
@@ -59,12 +60,22 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 			return fail(err)
 		}
 		l.mark(s, "sort")
-		if xp, err = s.Alloc(dt, pm.Rows, H); err != nil {
-			return fail(err)
-		}
-		act.xp.t = xp // owned from here on
-		if err := Permute(s, xp, x, pm); err != nil {
-			return fail(err)
+		if c.Precision.fp8() {
+			// W1's GEMM reads x's quantized rows, gathered; Backward permutes x
+			// again for W1's weight gradient.
+			if qxp, err = l.gatherX(s, x, pm); err != nil {
+				return fail(err)
+			}
+			defer qxp.free()
+			act.xp.name, act.xp.lazy = ActPermuted, true
+		} else {
+			if xp, err = s.Alloc(dt, pm.Rows, H); err != nil {
+				return fail(err)
+			}
+			act.xp.t = xp // owned from here on
+			if err := Permute(s, xp, x, pm); err != nil {
+				return fail(err)
+			}
 		}
 		l.mark(s, "permute")
 	} else {
@@ -101,12 +112,19 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 	if err != nil {
 		return fail(err)
 	}
-	if err := ex.dot(h, xp, false); err != nil {
+	if xp == nil {
+		err = ex.dotRows(h, qxp)
+	} else {
+		err = ex.dot(h, xp, false)
+	}
+	if err != nil {
 		return fail(err)
 	}
 	l.mark(s, "gemm")
-	if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil {
-		return fail(err)
+	if xp != nil {
+		if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil {
+			return fail(err)
+		}
 	}
 	if err := swiglu(s, a, h, act.used); err != nil {
 		return fail(err)

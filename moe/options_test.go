@@ -231,11 +231,16 @@ func TestLayerOffload(t *testing.T) {
 						if st.InUse != 0 {
 							t.Errorf("offloader holds %d bytes after the step", st.InUse)
 						}
-						if pol == "*=remat" && st.Remat != 6 {
-							t.Errorf("%d activations dropped for recompute, want 6", st.Remat)
+						// An FP8 layer keeps no permuted input: Backward permutes x again.
+						saved := 6
+						if prec.fp8() {
+							saved = 5
 						}
-						if pol == "*=offload" && st.Offloads+st.Kept != 6 {
-							t.Errorf("%d offloaded + %d kept, want 6", st.Offloads, st.Kept)
+						if pol == "*=remat" && st.Remat != saved {
+							t.Errorf("%d activations dropped for recompute, want %d", st.Remat, saved)
+						}
+						if pol == "*=offload" && st.Offloads+st.Kept != saved {
+							t.Errorf("%d offloaded + %d kept, want %d", st.Offloads, st.Kept, saved)
 						}
 					})
 				}
