@@ -273,12 +273,15 @@ func TestLayerFP8Reference(t *testing.T) {
 				t.Run(name(typ, "/", prec), func(t *testing.T) {
 					want := f32s(fp8Forward(t, l, prec, typ))
 					got := runLayer(t, d, withPrecision(l, prec), typ, device.F32, nil)
-					bound := 1e-5 // f32 on the CPU: the f32 sums of the same dequantized values
-					switch {
-					case typ == device.BF16:
-						bound = 1e-2 // bf16 results, rounded once more than the reference's
-					case d.IsCUDA():
-						bound = 2e-3 // FP8 tensor cores keep fewer bits while they accumulate
+					// f32 on the CPU: the f32 sums of the same dequantized values. Otherwise h
+					// differs from the reference's in its last bits (bf16 rounding, or the FP8
+					// tensor cores' shorter sums between promotions), and the SwiGLU output,
+					// quantized again for W2, turns those differences into whole FP8 steps
+					// (about 6% of the element) wherever a value rounds the other way: a few
+					// 1e-3 on the GPU in f32 as in bf16.
+					bound := 1e-5
+					if typ == device.BF16 || d.IsCUDA() {
+						bound = 1e-2
 					}
 					e := relErr(got.y, want)
 					t.Logf("y: relative error %.3g against the dequantized reference (%.3g for the bf16 layer)",
