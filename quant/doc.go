@@ -172,4 +172,15 @@
 // correctly rounded quotient where it matters for the codes. Grouped quantization adds a
 // one-block kernel that turns the sizes into token-block descriptors on the device;
 // nothing waits for the host.
+//
+// # Gathers
+//
+// GatherBlockwise and GatherMXFP8 move rowwise-quantized rows, codes and scales, to the
+// rows an index picks (copies of each source row numbered i·per + j; -1 gives a zero
+// row), as a MoE layer moves each token's row to the rows of its experts: quantize the T
+// tokens once, then gather, instead of quantizing the T·K moved rows. A rowwise block
+// depends on its own row alone, so the result is bit for bit the quantization of the
+// gathered source rows. Entries out of range give zero rows and are recorded in the
+// Status passed. On a GPU one block of 128 threads copies each destination row, 16 bytes
+// a thread and step when K is a multiple of 16.
 package quant
