@@ -55,13 +55,7 @@ func gatherStatusError(op, code int, v [3]int64) error {
 // as an error of st.Check), which must not be nil. Nothing waits for the device.
 func GatherBlockwise(s *device.Stream, src *Blockwise, index *device.Tensor, per int, st *device.Status) (*Blockwise, error) {
 	const fn = "GatherBlockwise"
-	if s == nil {
-		return nil, fmt.Errorf("quant: %s: nil stream", fn)
-	}
-	if err := src.check(fn, s, Rowwise); err != nil {
-		return nil, err
-	}
-	R, err := checkGather(fn, s, index, per, st)
+	R, err := checkGather(fn, s, src, index, per, st)
 	if err != nil {
 		return nil, err
 	}
@@ -114,18 +108,12 @@ func GatherBlockwise(s *device.Stream, src *Blockwise, index *device.Tensor, per
 // follow the groups' tiles).
 func GatherMXFP8(s *device.Stream, src *MXFP8, index *device.Tensor, per int, st *device.Status) (*MXFP8, error) {
 	const fn = "GatherMXFP8"
-	if s == nil {
-		return nil, fmt.Errorf("quant: %s: nil stream", fn)
-	}
-	if err := src.check(fn, s, Rowwise); err != nil {
+	R, err := checkGather(fn, s, src, index, per, st)
+	if err != nil {
 		return nil, err
 	}
 	if src.Swizzled || src.grouped {
 		return nil, fmt.Errorf("quant: %s: src's rowwise scales are swizzled (%v) or grouped (%v): want neither", fn, src.Swizzled, src.grouped)
-	}
-	R, err := checkGather(fn, s, index, per, st)
-	if err != nil {
-		return nil, err
 	}
 	opt := Options{Format: src.Format, Mode: src.Mode, Dir: Rowwise}
 	dst, err := alloc(fn, s, R, src.K, opt, fmt.Sprintf("%d gathered rows of %d", R, src.K))
@@ -161,9 +149,17 @@ func GatherMXFP8(s *device.Stream, src *MXFP8, index *device.Tensor, per int, st
 	return dst, nil
 }
 
-// checkGather returns the rows R of index, an I32[R] on s's device, after checking it,
-// per ≥ 1 and st, a Status usable on s.
-func checkGather(fn string, s *device.Stream, index *device.Tensor, per int, st *device.Status) (int, error) {
+// checkGather returns the rows R of index, an I32[R] on s's device, after checking s,
+// src's rowwise form, index, per ≥ 1 and st, a Status usable on s.
+func checkGather(fn string, s *device.Stream, src interface {
+	check(string, *device.Stream, Direction) error
+}, index *device.Tensor, per int, st *device.Status) (int, error) {
+	if s == nil {
+		return 0, fmt.Errorf("quant: %s: nil stream", fn)
+	}
+	if err := src.check(fn, s, Rowwise); err != nil {
+		return 0, err
+	}
 	if err := index.Check(s, "index"); err != nil {
 		return 0, fmt.Errorf("quant: %s: %w", fn, err)
 	}

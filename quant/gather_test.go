@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -106,12 +107,7 @@ func TestGather(t *testing.T) {
 						if got.M != c.r || got.K != c.k || got.Format != f || got.Scale != kind || got.Dir != Rowwise || got.Groups != 0 {
 							t.Errorf("%v: result %d×%d %v %v %v groups %d", kind, got.M, got.K, got.Format, got.Scale, got.Dir, got.Groups)
 						}
-						if d := firstDiff(download(t, s, got.Row), download(t, s, want.Row), 1); d != "" {
-							t.Errorf("%v: Row: %s", kind, d)
-						}
-						if d := firstDiff(download(t, s, got.RowScale), download(t, s, want.RowScale), 4); d != "" {
-							t.Errorf("%v: RowScale: %s", kind, d)
-						}
+						sameRows(t, s, kind.String(), [2]*device.Tensor{got.Row, got.RowScale}, [2]*device.Tensor{want.Row, want.RowScale}, 4)
 						dt.NoErr(t, st.Check(s))
 						dt.NoErr(t, freeAllOf(src, want, got))
 					}
@@ -128,12 +124,7 @@ func TestGather(t *testing.T) {
 						if got.M != c.r || got.K != c.k || got.Format != f || got.Mode != mode || got.Dir != Rowwise || got.Swizzled || got.Groups != 0 {
 							t.Errorf("%v: result %d×%d %v %v %v swizzled %v groups %d", mode, got.M, got.K, got.Format, got.Mode, got.Dir, got.Swizzled, got.Groups)
 						}
-						if d := firstDiff(download(t, s, got.Row), download(t, s, want.Row), 1); d != "" {
-							t.Errorf("%v: Row: %s", mode, d)
-						}
-						if d := firstDiff(download(t, s, got.RowScale), download(t, s, want.RowScale), 1); d != "" {
-							t.Errorf("%v: RowScale: %s", mode, d)
-						}
+						sameRows(t, s, mode.String(), [2]*device.Tensor{got.Row, got.RowScale}, [2]*device.Tensor{want.Row, want.RowScale}, 1)
 						dt.NoErr(t, st.Check(s))
 						dt.NoErr(t, freeAllOf(src, want, got))
 					}
@@ -143,6 +134,21 @@ func TestGather(t *testing.T) {
 			dt.NoErr(t, st.Free())
 		}
 	})
+}
+
+// sameRows reports the first difference of got's rowwise codes and scales (of size
+// bytes each) from want's.
+func sameRows(t *testing.T, s *device.Stream, what string, got, want [2]*device.Tensor, size int) {
+	t.Helper()
+	for i, name := range []string{"Row", "RowScale"} {
+		sz := 1
+		if i == 1 {
+			sz = size
+		}
+		if d := firstDiff(download(t, s, got[i]), download(t, s, want[i]), sz); d != "" {
+			t.Errorf("%s: %s: %s", what, name, d)
+		}
+	}
 }
 
 // freer is a quantized layout.
@@ -176,24 +182,19 @@ func TestGatherBadIndex(t *testing.T) {
 			gx := dt.Must(device.FromFloat32(s, device.BF16, gatherRows(xv, k, per, good), len(good), k))
 			for _, rec := range []string{"blockwise", "mxfp8"} {
 				st := dt.Must(device.NewStatus(s))
-				var got, want [2][]byte
+				what := fmt.Sprint(rec, " index ", index)
 				if rec == "blockwise" {
 					src := dt.Must(QuantizeBlockwise(s, x, BlockOptions{}))
 					w := dt.Must(QuantizeBlockwise(s, gx, BlockOptions{}))
 					g := dt.Must(GatherBlockwise(s, src, ix, per, st))
-					got, want = [2][]byte{download(t, s, g.Row), download(t, s, g.RowScale)}, [2][]byte{download(t, s, w.Row), download(t, s, w.RowScale)}
+					sameRows(t, s, what, [2]*device.Tensor{g.Row, g.RowScale}, [2]*device.Tensor{w.Row, w.RowScale}, 4)
 					dt.NoErr(t, freeAllOf(src, w, g))
 				} else {
 					src := dt.Must(Quantize(s, x, Options{}))
 					w := dt.Must(Quantize(s, gx, Options{}))
 					g := dt.Must(GatherMXFP8(s, src, ix, per, st))
-					got, want = [2][]byte{download(t, s, g.Row), download(t, s, g.RowScale)}, [2][]byte{download(t, s, w.Row), download(t, s, w.RowScale)}
+					sameRows(t, s, what, [2]*device.Tensor{g.Row, g.RowScale}, [2]*device.Tensor{w.Row, w.RowScale}, 1)
 					dt.NoErr(t, freeAllOf(src, w, g))
-				}
-				for i, name := range []string{"Row", "RowScale"} {
-					if df := firstDiff(got[i], want[i], 1); df != "" {
-						t.Errorf("%s index %v: %s: %s", rec, index, name, df)
-					}
 				}
 				err := st.Check(s)
 				if err == nil || !strings.Contains(err.Error(), "index[1] =") {
