@@ -109,12 +109,15 @@ func (a *Activations) get(s *device.Stream, sl *saved, recompute func() (*device
 		return nil, fmt.Errorf("moe: activation %s was released by an earlier Backward (with Config.Offload, Backward runs once)", sl.name)
 	}
 	if sl.lazy {
-		t, err := recompute()
-		if err != nil {
-			return nil, fmt.Errorf("moe: activation %s: %w", sl.name, err)
+		// Recomputed for each Backward that needs it, released after its last use there.
+		if sl.t == nil {
+			t, err := recompute()
+			if err != nil {
+				return nil, fmt.Errorf("moe: activation %s: %w", sl.name, err)
+			}
+			sl.t, sl.loaned = t, true
 		}
-		sl.t, sl.loaned, sl.lazy = t, true, false
-		return t, nil
+		return sl.t, nil
 	}
 	if !sl.inOff {
 		if sl.t == nil {
@@ -153,7 +156,7 @@ func (a *Activations) release(sl *saved, all bool) error {
 	case sl.t != nil && (all || sl.loaned):
 		err = sl.t.FreeOn(a.s)
 		sl.t = nil
-		if !all {
+		if !all && !sl.lazy {
 			sl.gone = true
 		}
 	}

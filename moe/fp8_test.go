@@ -314,6 +314,23 @@ func TestLayerFP8Deterministic(t *testing.T) {
 	})
 }
 
+// TestLayerBackwardTwice runs Backward twice on the activations of one Forward, in each
+// precision: the gradients are the same,
+// also for the permuted x that an FP8 layer does not keep (recomputed for each Backward).
+func TestLayerBackwardTwice(t *testing.T) {
+	tc := fp8Cases[0]
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		l, gy := tc.inputs(970)
+		for _, prec := range []Precision{PrecisionBF16, PrecisionBlockwise, PrecisionMXFP8} {
+			t.Run(prec.String(), func(t *testing.T) {
+				lp := withPrecision(l, prec)
+				lp.backTwice = true
+				runLayer(t, d, lp, tc.typ, tc.rtyp, gy)
+			})
+		}
+	})
+}
+
 // TestFP8GradOnePass checks that quantizing each incoming gradient of Backward once, in
 // both directions, changes no result: the output and every gradient are bit for bit
 // those of the layer that quantizes it by one pass per GEMM (rowwise over all rows for

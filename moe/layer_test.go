@@ -156,6 +156,23 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	dy := up(t, s, typ, gy, T, H)
 	ts = append(ts, dy)
 	dt.NoErr(t, lay.Backward(s, g, dy, act))
+	if l.backTwice {
+		g2 := &Grads{X: mk0(typ, T, H), Router: mk0(rtyp, E, H),
+			W1: mk0(typ, wshape(c.Layout, L, H, 2*F)...), W2: mk0(typ, wshape(c.Layout, L, F, H)...),
+			SharedW1: g.SharedW1, SharedW2: g.SharedW2}
+		if Fs > 0 {
+			g2.SharedW1, g2.SharedW2 = mk0(typ, wshape(c.Layout, 1, H, 2*Fs)[1:]...), mk0(typ, wshape(c.Layout, 1, Fs, H)[1:]...)
+		}
+		dt.NoErr(t, lay.Backward(s, g2, dy, act))
+		for i, w := range [][2]*device.Tensor{{g.X, g2.X}, {g.Router, g2.Router}, {g.W1, g2.W1}, {g.W2, g2.W2}, {g.SharedW1, g2.SharedW1}, {g.SharedW2, g2.SharedW2}} {
+			if w[0] == nil {
+				continue
+			}
+			if diff := cmp.Diff(down(t, s, w[0]), down(t, s, w[1])); diff != "" {
+				t.Errorf("gradient %d of a second Backward on the same activations differs (-first +second):\n%s", i, diff)
+			}
+		}
+	}
 	kn := func(w *device.Tensor, gr, k, n int) []float32 {
 		return f32s(fromLayout(c.Layout, f64(down(t, s, w)), gr, k, n))
 	}
