@@ -32,6 +32,10 @@ func randomFill(b *testing.B, s *device.Stream, t *device.Tensor, seed uint64, s
 // (one small case on the CPU), reporting TFLOP/s = 2·M·K·N / time.
 func BenchmarkRaggedDot(b *testing.B) { benchmark(b, fwd, benchCall) }
 
+// BenchmarkRaggedDotInputGrad times the input-gradient form likewise: dx[M,K] =
+// dy[M,N]·W_gᵀ for the rows of each group, W [G,K,N].
+func BenchmarkRaggedDotInputGrad(b *testing.B) { benchmark(b, dgrad, benchCall) }
+
 // BenchmarkRaggedDotWeightGrad times the weight-gradient form likewise.
 func BenchmarkRaggedDotWeightGrad(b *testing.B) { benchmark(b, wgrad, benchCall) }
 
@@ -53,26 +57,33 @@ func benchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	s := d.Stream()
 	G, M, K, N := bc.G, bc.M, bc.K, bc.N
 	sizes := dt.Must(device.FromSlice(s, device.I32, bc.Sizes(), G))
-	x := dt.Must(s.Alloc(device.BF16, M, K))
-	randomFill(b, s, x, 1, 1)
-	var other, out *device.Tensor
-	if f == fwd {
+	// x: [M,K], or dy [M,N] for the input gradient; other: W [G,K,N], or dy [M,N] for the
+	// weight gradient; out: y [M,N], dx [M,K] or dW [G,K,N].
+	var x, other, out *device.Tensor
+	switch f {
+	case fwd, dgrad:
+		x = dt.Must(s.Alloc(device.BF16, M, pick(f == fwd, K, N)))
 		other = dt.Must(s.Alloc(device.BF16, G, K, N))
 		randomFill(b, s, other, 2, 0.02)
-		out = dt.Must(s.Alloc(device.BF16, M, N))
-	} else {
+		out = dt.Must(s.Alloc(device.BF16, M, pick(f == fwd, N, K)))
+	default:
+		x = dt.Must(s.Alloc(device.BF16, M, K))
 		other = dt.Must(s.Alloc(device.BF16, M, N))
 		randomFill(b, s, other, 3, 1)
 		out = dt.Must(s.Alloc(device.BF16, G, K, N))
 	}
+	randomFill(b, s, x, 1, 1)
 	defer func() {
 		for _, t := range []*device.Tensor{sizes, x, other, out} {
 			t.Free()
 		}
 	}()
 	call := func() error {
-		if f == fwd {
+		switch f {
+		case fwd:
 			return gemm.RaggedDot(s, out, x, other, sizes, nil)
+		case dgrad:
+			return gemm.RaggedDotInputGrad(s, out, x, other, sizes, nil)
 		}
 		return gemm.RaggedDotWeightGrad(s, out, x, other, sizes, nil)
 	}
@@ -277,4 +288,12 @@ func benchQuantize(fam family, s *device.Stream, src *device.Tensor, weights boo
 	}
 	q := dt.Must(quant.QuantizeBlockwise(s, src, quant.BlockOptions{Format: quant.E4M3, Dir: dir, GroupSizes: sizes}))
 	return q, q.Status
+}
+
+// pick returns a when first, else b.
+func pick[T any](first bool, a, b T) T {
+	if first {
+		return a
+	}
+	return b
 }

@@ -48,8 +48,9 @@ func (b *bench) newGemmCase(c baseline.Case) (*gemmCase, error) {
 // Free releases g's tensors.
 func (g *gemmCase) Free() error { return g.ts.Free() }
 
-// gemm times the forward and weight-gradient forms of ragged_dot on case c, bf16 in and
-// out, counting 2·M·K·N flops per call, beside c's peer figures (if any).
+// gemm times the forward, input-gradient and weight-gradient forms of ragged_dot on case
+// c, bf16 in and out, counting 2·M·K·N flops per call, beside c's peer figures (if any:
+// torch._grouped_mm's forward, its dX and its dW form).
 func (b *bench) gemm(c baseline.Case) ([]row, error) {
 	g, err := b.newGemmCase(c)
 	if err != nil {
@@ -57,13 +58,14 @@ func (b *bench) gemm(c baseline.Case) ([]row, error) {
 	}
 	defer g.Free()
 	s := b.s
-	x, w, y, dy, dw, sizes, flops, name := g.x, g.w, g.y, g.dy, g.dw, g.sizes, g.flops, g.name
+	x, w, y, dy, dx, dw, sizes, flops, name := g.x, g.w, g.y, g.dy, g.dx, g.dw, g.sizes, g.flops, g.name
 	var rows []row
 	for _, f := range []struct {
 		prim, base string
 		fn         func() error
 	}{
 		{"gemm forward", peerRate(c.Peer.Forward), func() error { return gemm.RaggedDot(s, y, x, w, sizes, nil) }},
+		{"gemm input grad", peerRate(c.Peer.DX), func() error { return gemm.RaggedDotInputGrad(s, dx, dy, w, sizes, nil) }},
 		{"gemm weight grad", peerRate(c.Peer.DW), func() error { return gemm.RaggedDotWeightGrad(s, dw, x, dy, sizes, nil) }},
 	} {
 		t, err := b.time(f.fn)

@@ -62,7 +62,7 @@ func main() {
 		fmt.Fprint(flag.CommandLine.Output(), `usage: bench [flags]
 
 Prints the throughput of the primitives on the device present: the device copy,
-ragged_dot forward and weight gradient (gemm), its three forms in FP8, blockwise and
+ragged_dot forward, input and weight gradient (gemm), its three forms in FP8, blockwise and
 MXFP8, with the quantization of their operands (fp8), MXFP8 quantization (quant),
 expert-parallel dispatch+combine (ep) and the MoE layer's forward and backward in each
 precision (moe), at the sizes of the packages' benchmarks: the H200 baseline cases on a

@@ -47,7 +47,7 @@ func TestRun(t *testing.T) {
 		names[prim] = append(names[prim], strings.TrimSpace(m[2]))
 	}
 	wantCount := map[string]int{
-		"copy": 1, "gemm forward": 2, "gemm weight grad": 2,
+		"copy": 1, "gemm forward": 2, "gemm input grad": 2, "gemm weight grad": 2,
 		"fp8 forward": 4, "fp8 input grad": 4, "fp8 weight grad": 4, "fp8 quant rowwise": 4, "fp8 quant weights": 4, "fp8 quant grouped": 4,
 		"quant rowwise": 1, "quant both": 1, "quant grouped both": 1, "ep dispatch+combine": 1, "moe layer forward": 3, "moe layer fwd+bwd": 3,
 	}
