@@ -19,6 +19,7 @@ func errOf2[T, U any](_ T, _ U, err error) error { return err }
 // T = 2 tokens routed {0, 1}, {1, -1}, whose buffers have Capacity = 4 rows; x is F32
 // [T, H = 4], wts F32 [T, K], and y, yw what Dispatch made of them (F32 [4, 4], F32 [4]).
 type fixture struct {
+	t      *testing.T
 	w      *ep.World
 	tr     ep.Transport
 	g      *ep.Group
@@ -33,7 +34,7 @@ const fxT, fxH, fxK, fxCap = 2, 4, 2, 4
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{w: dt.Must(ep.NewWorld(1)), s: device.CPU().Stream()}
+	f := &fixture{t: t, w: dt.Must(ep.NewWorld(1)), s: device.CPU().Stream()}
 	f.tr = f.w.Transport(0)
 	f.g = dt.Must(ep.NewGroup(f.tr, ep.Config{Experts: 2, TopK: fxK}))
 	f.idx = dt.Must(device.FromSlice(f.s, device.I32, []int32{0, 1, 1, -1}, fxT, fxK))
@@ -59,9 +60,7 @@ func (f *fixture) mx(m int, opt quant.Options) *quant.MXFP8 {
 
 // freed returns a tensor that has been freed.
 func (f *fixture) freed(d device.DType, shape ...int) *device.Tensor {
-	x := f.alloc(d, shape...)
-	x.Free()
-	return x
+	return dt.Freed(f.t, f.s, d, shape...)
 }
 
 // freedLayout returns the fixture's layout, freed.
@@ -206,6 +205,31 @@ func TestBadArgs(t *testing.T) {
 		{"DispatchMXFP8/weights shape", func(f *fixture) error {
 			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{}), f.alloc(f32, fxT, fxK+1)))
 		}, []string{"DispatchMXFP8: weights is f32[2 3]", "want f32[2 2]"}},
+		{"DispatchMXFP8/weights dtype", func(f *fixture) error {
+			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{}), f.alloc(bf16, fxT, fxK)))
+		}, []string{"DispatchMXFP8: weights is bf16[2 2]"}},
+		{"DispatchMXFP8/freed weights", func(f *fixture) error {
+			return errOf(f.l.DispatchMXFP8(f.s, f.mx(fxT, quant.Options{}), f.freed(f32, fxT, fxK)))
+		}, []string{"DispatchMXFP8: weights", "freed"}},
+		{"DispatchMXFP8/freed layout", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			return errOf(f.freedLayout().DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8", "layout was freed"}},
+		{"DispatchMXFP8/closed group", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			f.g.Close()
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8", "closed"}},
+		{"DispatchMXFP8/freed RowScale", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.RowScale.Free()
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.RowScale", "freed"}},
+		{"DispatchMXFP8/negative q.K", func(f *fixture) error {
+			q := f.mx(fxT, quant.Options{})
+			q.K = -1
+			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
+		}, []string{"DispatchMXFP8: q.K is -1", "want H ≥ 0"}},
 
 		// Combine.
 		{"Combine/nil layout", func(f *fixture) error { return errOf((*ep.Layout)(nil).Combine(f.s, f.y, nil)) }, []string{"Combine", "nil Layout"}},

@@ -32,14 +32,7 @@ func (d *DispatchedMXFP8) Free() error {
 	if d == nil {
 		return nil
 	}
-	var errs []error
-	if d.X != nil {
-		errs = append(errs, d.X.Free())
-	}
-	if d.Weights != nil {
-		errs = append(errs, d.Weights.Free())
-	}
-	return errors.Join(errs...)
+	return errors.Join(d.X.Free(), device.FreeAll(d.Weights))
 }
 
 // DispatchMXFP8 is Dispatch for rows quantized to MXFP8: q is the rowwise form of this
@@ -69,29 +62,16 @@ func (l *Layout) DispatchMXFP8(s *device.Stream, q *quant.MXFP8, weights *device
 	if err := l.checkMXFP8(s, op, q); err != nil {
 		return nil, err
 	}
-	if weights != nil {
-		if err := checkShape(s, weights, op+": weights", device.F32, l.t, l.g.k); err != nil {
-			return nil, err
-		}
-	}
-	H := q.K
-	X, err := quant.Alloc(s, l.capacity, H, quant.Options{Format: q.Format, Mode: q.Mode, Dir: quant.Rowwise})
+	W, err := l.dispatchWeights(s, op, weights)
 	if err != nil {
-		return nil, fmt.Errorf("ep: %s: %w", op, err)
+		return nil, err
 	}
-	var W *device.Tensor
-	if weights != nil {
-		if W, err = s.Alloc(device.F32, l.capacity); err != nil {
-			X.Free()
-			return nil, err
-		}
+	X, err := quant.Alloc(s, l.capacity, q.K, quant.Options{Format: q.Format, Mode: q.Mode, Dir: quant.Rowwise})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("ep: %s: %w", op, err), device.FreeAll(W))
 	}
 	fail := func(err error) (*DispatchedMXFP8, error) {
-		X.Free()
-		if W != nil {
-			W.Free()
-		}
-		return nil, err
+		return nil, errors.Join(err, X.Free(), device.FreeAll(W))
 	}
 	// The scale rows past Capacity are padding, 0 as Quantize leaves them.
 	if pad := rows(X.RowScale, l.capacity, X.RowScale.Dim(0)); pad.Len() > 0 {

@@ -27,13 +27,20 @@ func (d *Dispatched) Free() error {
 	if d == nil {
 		return nil
 	}
-	var errs []error
-	for _, x := range []*device.Tensor{d.X, d.Weights} {
-		if x != nil {
-			errs = append(errs, x.Free())
-		}
+	return device.FreeAll(d.X, d.Weights)
+}
+
+// dispatchWeights checks the routing weights of a dispatch (op names it; nil: none),
+// F32 [T, K] on s's device, and allocates on s the dispatched rows' weights, F32
+// [Capacity] (nil without weights).
+func (l *Layout) dispatchWeights(s *device.Stream, op string, weights *device.Tensor) (*device.Tensor, error) {
+	if weights == nil {
+		return nil, nil
 	}
-	return errors.Join(errs...)
+	if err := checkShape(s, weights, op+": weights", device.F32, l.t, l.g.k); err != nil {
+		return nil, err
+	}
+	return s.Alloc(device.F32, l.capacity)
 }
 
 // chunk returns rows [lo, hi) of chunk c of C of a segment of n rows. A sender and its
@@ -168,32 +175,19 @@ func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatc
 	if err := checkShape(s, x, "Dispatch: x", device.Invalid, l.t, -1); err != nil {
 		return nil, err
 	}
-	if weights != nil {
-		if err := checkShape(s, weights, "Dispatch: weights", device.F32, l.t, l.g.k); err != nil {
-			return nil, err
-		}
-	}
-	H := x.Dim(1)
-	X, err := s.Alloc(x.DType(), l.capacity, H)
+	W, err := l.dispatchWeights(s, "Dispatch", weights)
 	if err != nil {
 		return nil, err
 	}
-	var W *device.Tensor
-	if weights != nil {
-		if W, err = s.Alloc(device.F32, l.capacity); err != nil {
-			X.Free()
-			return nil, err
-		}
+	X, err := s.Alloc(x.DType(), l.capacity, x.Dim(1))
+	if err != nil {
+		return nil, errors.Join(err, device.FreeAll(W))
 	}
 	err = l.dispatch(s, "Dispatch", []string{"x"}, []*device.Tensor{x}, weights, func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
 		return l.g.be.replicate(s, X, W, src[0], srcW, rowMap, slot)
 	})
 	if err != nil {
-		X.Free()
-		if W != nil {
-			W.Free()
-		}
-		return nil, err
+		return nil, errors.Join(err, device.FreeAll(X, W))
 	}
 	return &Dispatched{X: X, Weights: W, Counts: l.counts}, nil
 }

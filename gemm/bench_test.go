@@ -62,10 +62,14 @@ func benchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	var x, other, out *device.Tensor
 	switch f {
 	case fwd, dgrad:
-		x = dt.Must(s.Alloc(device.BF16, M, pick(f == fwd, K, N)))
+		in, on := K, N // x's and out's columns
+		if f == dgrad {
+			in, on = N, K
+		}
+		x = dt.Must(s.Alloc(device.BF16, M, in))
 		other = dt.Must(s.Alloc(device.BF16, G, K, N))
 		randomFill(b, s, other, 2, 0.02)
-		out = dt.Must(s.Alloc(device.BF16, M, pick(f == fwd, N, K)))
+		out = dt.Must(s.Alloc(device.BF16, M, on))
 	default:
 		x = dt.Must(s.Alloc(device.BF16, M, K))
 		other = dt.Must(s.Alloc(device.BF16, M, N))
@@ -288,12 +292,4 @@ func benchQuantize(fam family, s *device.Stream, src *device.Tensor, weights boo
 	}
 	q := dt.Must(quant.QuantizeBlockwise(s, src, quant.BlockOptions{Format: quant.E4M3, Dir: dir, GroupSizes: sizes}))
 	return q, q.Status
-}
-
-// pick returns a when first, else b.
-func pick[T any](first bool, a, b T) T {
-	if first {
-		return a
-	}
-	return b
 }

@@ -59,7 +59,7 @@ func with[Q any](q *Q, edit func(q *Q)) *Q {
 func TestBlockwiseBadArgs(t *testing.T) {
 	s := device.CPU().Stream()
 	v := newBlockArgs(s)
-	al, freed, _ := fp8BadKit(t, s)
+	al, freed := fp8BadKit(t, s)
 	r := dt.Rand(2)
 	x16 := blockwise(s, e4m3F32, dt.Normal(r, 10*16, 1), 10, 16, []int32{4, 6})    // K=16
 	dy3 := blockwise(s, e4m3F32, dt.Normal(r, 10*48, 1), 10, 48, []int32{3, 3, 4}) // 3 groups
@@ -132,7 +132,8 @@ type fp8Odd[Q, W any] struct {
 // sizes and the options.
 func fp8BadCases[Q, W any](t *testing.T, v *fp8Args[Q, W], f fp8Forms[Q, W], o fp8Odd[Q, W]) []badCase {
 	s := v.s
-	al, freed, freedStatus := fp8BadKit(t, s)
+	al, freed := fp8BadKit(t, s)
+	freedStatus := dt.FreedStatus(t, s)
 	fwd, dgrad, wgrad := f.fwd, f.dgrad, f.wgrad
 	x16, x3, dy3, dy12, w3 := o.x16, o.x3, o.dy3, o.dy12, o.w3
 	return []badCase{
@@ -169,9 +170,9 @@ func fp8BadCases[Q, W any](t *testing.T, v *fp8Args[Q, W], f fp8Forms[Q, W], o f
 }
 
 // fp8BadKit returns what the FP8 forms' bad-argument tables build their arguments from, on
-// s: al allocates a tensor, freed allocates and frees one, freedStatus is a freed Status.
-func fp8BadKit(t *testing.T, s *device.Stream) (al, freed func(typ device.DType, shape ...int) *device.Tensor, freedStatus *device.Status) {
+// s: al allocates a tensor, freed allocates and frees one.
+func fp8BadKit(t *testing.T, s *device.Stream) (al, freed func(typ device.DType, shape ...int) *device.Tensor) {
 	al = func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
 	freed = func(typ device.DType, shape ...int) *device.Tensor { return dt.Freed(t, s, typ, shape...) }
-	return al, freed, dt.FreedStatus(t, s)
+	return al, freed
 }

@@ -27,7 +27,7 @@ func newMXArgs(s *device.Stream) *fp8Args[quant.MXFP8, quant.MXFP8Weights] {
 func TestMXFP8BadArgs(t *testing.T) {
 	s := device.CPU().Stream()
 	v := newMXArgs(s)
-	al, freed, _ := fp8BadKit(t, s)
+	al, freed := fp8BadKit(t, s)
 	r := dt.Rand(2)
 	e4m3 := mxFam.recipe(e4m3F32)
 	x16 := mxfp8(s, e4m3, dt.Normal(r, 10*16, 1), 10, 16, nil)              // K=16

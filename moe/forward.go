@@ -113,7 +113,7 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		return fail(err)
 	}
 	if xp == nil {
-		err = ex.dotRows(h, qxp)
+		err = ex.dotRows(h, qxp, false)
 	} else {
 		err = ex.dot(h, xp, false)
 	}

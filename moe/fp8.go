@@ -159,8 +159,8 @@ func (l *Layer) experts(s *device.Stream, act *Activations, tmp *device.Temps) (
 	return &experts{s: s, cfg: l.cfg, p: act.p, q: q, act: act, tmp: tmp, twoPass: l.gradTwoPass}, nil
 }
 
-// fp8Rows are the expert rows of x quantized rowwise for W1's forward GEMM, gathered
-// from x's own rows (gatherX): one recipe's form is set.
+// fp8Rows is an operand quantized in the layer's FP8 recipe: the form of that recipe is
+// set (b for PrecisionBlockwise, m for PrecisionMXFP8), the other nil.
 type fp8Rows struct {
 	b *quant.Blockwise
 	m *quant.MXFP8
@@ -168,58 +168,56 @@ type fp8Rows struct {
 
 func (q fp8Rows) free() error { return errors.Join(q.b.Free(), q.m.Free()) }
 
+// quantizeFP8 quantizes x on s in precision p's recipe, with bo (blockwise) or mo (MXFP8).
+func quantizeFP8(s *device.Stream, p Precision, x *device.Tensor, bo quant.BlockOptions, mo quant.Options) (fp8Rows, error) {
+	var q fp8Rows
+	var err error
+	if p == PrecisionBlockwise {
+		q.b, err = quant.QuantizeBlockwise(s, x, bo)
+	} else {
+		q.m, err = quant.Quantize(s, x, mo)
+	}
+	return q, err
+}
+
 // gatherX quantizes x[T,H] rowwise, T rows instead of the T·K expert rows, and moves
 // each token's codes and scales to its rows of p (quant's gathers), on s: bit for bit
 // the rowwise quantization of the permuted rows (a row's blocks depend on the row
 // alone; the unused rows are zero rows either way).
 func (l *Layer) gatherX(s *device.Stream, x *device.Tensor, p *Permutation) (fp8Rows, error) {
-	var q fp8Rows
-	if l.cfg.Precision == PrecisionBlockwise {
-		qx, err := quant.QuantizeBlockwise(s, x, blockRows)
-		if err != nil {
-			return q, err
-		}
-		q.b, err = quant.GatherBlockwise(s, qx, p.Source, p.TopK, p.Status)
-		return q, errors.Join(err, qx.Free())
-	}
-	qx, err := quant.Quantize(s, x, mxRows)
+	qx, err := quantizeFP8(s, l.cfg.Precision, x, blockRows, mxRows)
 	if err != nil {
-		return q, err
+		return fp8Rows{}, err
 	}
-	q.m, err = quant.GatherMXFP8(s, qx, p.Source, p.TopK, p.Status)
-	return q, errors.Join(err, qx.Free())
+	var q fp8Rows
+	if qx.b != nil {
+		q.b, err = quant.GatherBlockwise(s, qx.b, p.Source, p.TopK, p.Status)
+	} else {
+		q.m, err = quant.GatherMXFP8(s, qx.m, p.Source, p.TopK, p.Status)
+	}
+	return q, errors.Join(err, qx.free())
 }
 
-// dotRows computes h[R,2F] = xp·W1 for the rows of each expert from xp's rows
-// quantized by gatherX.
-func (e *experts) dotRows(h *device.Tensor, q fp8Rows) error {
+// dotRows computes, for the rows of each expert, h[R,2F] = xp·W1, or with second
+// yp[R,H] = a·W2, into y from the rows quantized rowwise in q.
+func (e *experts) dotRows(y *device.Tensor, q fp8Rows, second bool) error {
 	if q.b != nil {
-		return gemm.RaggedDotBlockwise(e.s, h, q.b, e.q.b1, e.act.counts, nil)
+		return gemm.RaggedDotBlockwise(e.s, y, q.b, pick(second, e.q.b1, e.q.b2), e.act.counts, nil)
 	}
-	return gemm.RaggedDotMXFP8(e.s, h, q.m, e.q.m1, e.act.counts, nil)
+	return gemm.RaggedDotMXFP8(e.s, y, q.m, pick(second, e.q.m1, e.q.m2), e.act.counts, nil)
 }
 
 // dot computes, for the rows of each expert, h[R,2F] = xp·W1 (x = xp), or with second
 // yp[R,H] = a·W2 (x = a), into y. An FP8 precision quantizes x rowwise first.
 func (e *experts) dot(y, x *device.Tensor, second bool) error {
-	s, counts := e.s, e.act.counts
-	switch e.cfg.Precision {
-	case PrecisionBlockwise:
-		qx, err := quant.QuantizeBlockwise(s, x, blockRows)
-		if err != nil {
-			return err
-		}
-		defer qx.Free()
-		return gemm.RaggedDotBlockwise(s, y, qx, pick(second, e.q.b1, e.q.b2), counts, nil)
-	case PrecisionMXFP8:
-		qx, err := quant.Quantize(s, x, mxRows)
-		if err != nil {
-			return err
-		}
-		defer qx.Free()
-		return gemm.RaggedDotMXFP8(s, y, qx, pick(second, e.q.m1, e.q.m2), counts, nil)
+	if !e.cfg.Precision.fp8() {
+		return gemm.RaggedDot(e.s, y, x, pick(second, e.p.W1, e.p.W2), e.act.counts, &gemm.Options{Layout: e.cfg.Layout})
 	}
-	return gemm.RaggedDot(s, y, x, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
+	q, err := quantizeFP8(e.s, e.cfg.Precision, x, blockRows, mxRows)
+	if err != nil {
+		return err
+	}
+	return errors.Join(e.dotRows(y, q, second), q.free())
 }
 
 // backward computes the gradients through one of the experts' GEMMs from its incoming
@@ -250,11 +248,10 @@ func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (*device.Tenso
 // grad is an incoming gradient of Backward, dyp or dh, as its GEMMs read it: t itself
 // with PrecisionBF16; with an FP8 precision also t quantized by newGrad.
 type grad struct {
-	t    *device.Tensor
-	dir  quant.Direction  // the forms quantized
-	rows int              // the rows quantized: t's first rows
-	b    *quant.Blockwise // PrecisionBlockwise
-	m    *quant.MXFP8     // PrecisionMXFP8
+	t       *device.Tensor
+	dir     quant.Direction // the forms quantized
+	rows    int             // the rows quantized: t's first rows
+	fp8Rows                 // t's forms (FP8 precisions; free releases them)
 }
 
 // newGrad returns dy [R,N] as its GEMMs read it. An FP8 precision quantizes it now, by
@@ -288,19 +285,11 @@ func (e *experts) newGrad(dy *device.Tensor, dir quant.Direction) (*grad, error)
 		q.rows, bo, mo = rows, blockCols(sizes, dir), mxCols(sizes, dir)
 	}
 	var err error
-	if e.cfg.Precision == PrecisionBlockwise {
-		q.b, err = quant.QuantizeBlockwise(e.s, dy, bo)
-	} else {
-		q.m, err = quant.Quantize(e.s, dy, mo)
-	}
-	if err != nil {
+	if q.fp8Rows, err = quantizeFP8(e.s, e.cfg.Precision, dy, bo, mo); err != nil {
 		return nil, err
 	}
 	return q, nil
 }
-
-// free releases q's quantized tensors, in stream order.
-func (q *grad) free() error { return errors.Join(q.b.Free(), q.m.Free()) }
 
 // inputGrad computes, for the rows of each expert, dxp[R,H] = dh·W1ᵀ (dy = dh), or with
 // second da[R,F] = dyp·W2ᵀ (dy = dyp), into dx, from dy's rowwise form for an FP8
@@ -358,20 +347,16 @@ func (e *experts) weightGrad(dw, x *device.Tensor, dy *grad, acc bool) error {
 	if x, err = x.Rows(0, rows); err != nil {
 		return err
 	}
-	if e.cfg.Precision == PrecisionBlockwise {
-		qx, err := quant.QuantizeBlockwise(s, x, blockCols(sizes, quant.Columnwise))
-		if err != nil {
-			return err
-		}
-		defer qx.Free()
-		return gemm.RaggedDotBlockwiseWeightGrad(s, dw, qx, dy.b, e.act.counts, o)
-	}
-	qx, err := quant.Quantize(s, x, mxCols(sizes, quant.Columnwise))
+	qx, err := quantizeFP8(s, e.cfg.Precision, x, blockCols(sizes, quant.Columnwise), mxCols(sizes, quant.Columnwise))
 	if err != nil {
 		return err
 	}
-	defer qx.Free()
-	return gemm.RaggedDotMXFP8WeightGrad(s, dw, qx, dy.m, e.act.counts, o)
+	if qx.b != nil {
+		err = gemm.RaggedDotBlockwiseWeightGrad(s, dw, qx.b, dy.b, e.act.counts, o)
+	} else {
+		err = gemm.RaggedDotMXFP8WeightGrad(s, dw, qx.m, dy.m, e.act.counts, o)
+	}
+	return errors.Join(err, qx.free())
 }
 
 // colGroups returns the groups of the weight gradients' columnwise quantizations, which

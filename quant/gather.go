@@ -2,7 +2,9 @@ package quant
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
+	"math"
 
 	"github.com/dropless/dropless/device"
 	"github.com/dropless/dropless/internal/par"
@@ -31,8 +33,13 @@ const (
 
 // gatherStatusError returns the error of a gather's record, nil for other ops.
 func gatherStatusError(op, code int, v [3]int64) error {
-	fn := map[int]string{opGatherBlockwise: "GatherBlockwise", opGatherMXFP8: "GatherMXFP8"}[op]
-	if fn == "" {
+	var fn string
+	switch op {
+	case opGatherBlockwise:
+		fn = "GatherBlockwise"
+	case opGatherMXFP8:
+		fn = "GatherMXFP8"
+	default:
 		return nil
 	}
 	if code == statusIndex {
@@ -65,37 +72,26 @@ func GatherBlockwise(s *device.Stream, src *Blockwise, index *device.Tensor, per
 		return nil, err
 	}
 	sg, dg := src.alloc.g, dst.alloc.g
+	j := gatherJob{dq: dst.Row, sq: src.Row, index: index, per: per, m: src.M, k: src.K, st: st, op: opGatherBlockwise}
 	if s.Device().IsCUDA() {
-		err = gatherGPU(s, "dl_gather_bw", dst.Row, src.Row, dst.RowScale, src.RowScale, index, per, src.M, src.K, st, opGatherBlockwise,
-			int64(dg.mr), int64(sg.mr), int64(sg.nb))
+		err = j.gpu(s, "dl_gather_bw", dg.mr, dst.RowScale, src.RowScale, int64(dg.mr), int64(sg.mr), int64(sg.nb))
 	} else {
-		err = s.EnqueueCPU(func() {
-			dq, sq := bytesOf(dst.Row), bytesOf(src.Row)
-			ds, ss := device.Slice[float32](dst.RowScale), device.Slice[float32](src.RowScale)
-			K, nb := src.K, sg.nb
-			bad := gatherCPU(device.Slice[int32](index), per, src.M, func(r, i int) {
-				for b := range nb {
-					if i < 0 {
-						ds[b*dg.mr+r] = 1
-					} else {
-						ds[b*dg.mr+r] = ss[b*sg.mr+i]
-					}
+		ds, ss := device.Slice[float32](dst.RowScale), device.Slice[float32](src.RowScale)
+		err = j.cpu(s, func(r, i int) {
+			for b := range sg.nb {
+				ds[b*dg.mr+r] = 1 // a zero block's scale
+				if i >= 0 {
+					ds[b*dg.mr+r] = ss[b*sg.mr+i]
 				}
-				if i < 0 {
-					clear(dq[r*K : (r+1)*K])
-				} else {
-					copy(dq[r*K:(r+1)*K], sq[i*K:(i+1)*K])
-				}
-			})
-			for b := range nb {
+			}
+		}, func() {
+			for b := range sg.nb {
 				clear(ds[b*dg.mr+R : (b+1)*dg.mr])
 			}
-			recordGather(st, opGatherBlockwise, bad, src.M*per)
 		})
 	}
 	if err != nil {
-		dst.Free()
-		return nil, fmt.Errorf("quant: %s: %w", fn, err)
+		return nil, errors.Join(fmt.Errorf("quant: %s: %w", fn, err), dst.Free())
 	}
 	return dst, nil
 }
@@ -121,30 +117,22 @@ func GatherMXFP8(s *device.Stream, src *MXFP8, index *device.Tensor, per int, st
 		return nil, err
 	}
 	cp := src.g.cp
+	j := gatherJob{dq: dst.Row, sq: src.Row, index: index, per: per, m: src.M, k: src.K, st: st, op: opGatherMXFP8}
 	if s.Device().IsCUDA() {
-		err = gatherGPU(s, "dl_gather_mx", dst.Row, src.Row, dst.RowScale, src.RowScale, index, per, src.M, src.K, st, opGatherMXFP8,
-			int64(32*dst.g.ntiles), int64(cp), 0)
+		rows := 32 * dst.g.ntiles
+		err = j.gpu(s, "dl_gather_mx", rows, dst.RowScale, src.RowScale, int64(rows), int64(cp), 0)
 	} else {
-		err = s.EnqueueCPU(func() {
-			dq, sq := bytesOf(dst.Row), bytesOf(src.Row)
-			ds, ss := bytesOf(dst.RowScale), bytesOf(src.RowScale)
-			K := src.K
-			bad := gatherCPU(device.Slice[int32](index), per, src.M, func(r, i int) {
-				if i < 0 {
-					clear(dq[r*K : (r+1)*K])
-					clear(ds[r*cp : (r+1)*cp])
-					return
-				}
-				copy(dq[r*K:(r+1)*K], sq[i*K:(i+1)*K])
-				copy(ds[r*cp:(r+1)*cp], ss[i*cp:(i+1)*cp])
-			})
-			clear(ds[R*cp:])
-			recordGather(st, opGatherMXFP8, bad, src.M*per)
-		})
+		ds, ss := bytesOf(dst.RowScale), bytesOf(src.RowScale)
+		err = j.cpu(s, func(r, i int) {
+			if i < 0 {
+				clear(ds[r*cp : (r+1)*cp]) // a zero block's scale code, 0
+				return
+			}
+			copy(ds[r*cp:(r+1)*cp], ss[i*cp:(i+1)*cp])
+		}, func() { clear(ds[R*cp:]) })
 	}
 	if err != nil {
-		dst.Free()
-		return nil, fmt.Errorf("quant: %s: %w", fn, err)
+		return nil, errors.Join(fmt.Errorf("quant: %s: %w", fn, err), dst.Free())
 	}
 	return dst, nil
 }
@@ -166,8 +154,8 @@ func checkGather(fn string, s *device.Stream, src interface {
 	if index.DType() != device.I32 || index.Rank() != 1 {
 		return 0, fmt.Errorf("quant: %s: index is %v: want i32[R]", fn, index)
 	}
-	if per < 1 {
-		return 0, fmt.Errorf("quant: %s: per = %d: want ≥ 1", fn, per)
+	if per < 1 || per > math.MaxInt32 {
+		return 0, fmt.Errorf("quant: %s: per = %d: want 1 ≤ per ≤ 2^31 − 1", fn, per)
 	}
 	if st == nil {
 		return 0, fmt.Errorf("quant: %s: st is nil: want the Status that records index entries out of range", fn)
@@ -178,58 +166,69 @@ func checkGather(fn string, s *device.Stream, src interface {
 	return index.Len(), nil
 }
 
-// gatherCPU calls row(r, i) for each destination row r with its source row i (-1: a
-// zero row) from index and per over m source rows, in parallel, and returns the first
-// entry out of range as {r, entry} (r = -1: none), whose row is a zero row.
-func gatherCPU(index []int32, per, m int, row func(r, i int)) [2]int64 {
-	lim := int64(m) * int64(per)
-	par.For(len(index), 256, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			e := int64(index[r])
-			if e < 0 || e >= lim {
-				row(r, -1)
-				continue
+// gatherJob is a gather's codes, dq [R, k] from sq [m, k] bytes by index and per,
+// recording bad entries in st as op.
+type gatherJob struct {
+	dq, sq, index *device.Tensor
+	per, m, k     int
+	st            *device.Status
+	op            int
+}
+
+// cpu enqueues the CPU gather on s: for each destination row r with source row i (-1 for
+// a zero row: index -1 or out of range) its k codes, and scales(r, i) its scales, in
+// parallel; then pad, the padding scales past R; then the first entry out of range is
+// recorded in j.st.
+func (j gatherJob) cpu(s *device.Stream, scales func(r, i int), pad func()) error {
+	return s.EnqueueCPU(func() {
+		dq, sq, k := bytesOf(j.dq), bytesOf(j.sq), j.k
+		index := device.Slice[int32](j.index)
+		lim := int64(j.m) * int64(j.per)
+		par.For(len(index), 256, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				i := -1
+				if e := int64(index[r]); e >= 0 && e < lim {
+					i = int(e / int64(j.per))
+				}
+				if i < 0 {
+					clear(dq[r*k : (r+1)*k])
+				} else {
+					copy(dq[r*k:(r+1)*k], sq[i*k:(i+1)*k])
+				}
+				scales(r, i)
 			}
-			row(r, int(e/int64(per)))
+		})
+		pad()
+		for r, e := range index {
+			if e < -1 || int64(e) >= lim {
+				// j.st was checked to be usable on the CPU stream: Record cannot fail.
+				_ = j.st.Record(device.StatusCode(statusDomain, j.op, statusIndex), int64(r), int64(e), lim)
+				break
+			}
 		}
 	})
-	for r, e := range index {
-		if e < -1 || int64(e) >= lim {
-			return [2]int64{int64(r), int64(e)}
-		}
-	}
-	return [2]int64{-1, 0}
 }
 
-// recordGather records the CPU gather's first bad entry in st.
-func recordGather(st *device.Status, op int, bad [2]int64, lim int) {
-	if bad[0] >= 0 {
-		// st was checked to be usable on the CPU stream: Record cannot fail.
-		_ = st.Record(device.StatusCode(statusDomain, op, statusIndex), bad[0], bad[1], int64(lim))
-	}
-}
-
-// gatherGPU launches kernel name (dl_gather_bw or dl_gather_mx, _w16 or _w1 by the
-// alignment of the codes): one block per destination scale row (dstRows of them:
-// the blockwise scales' padded columns, or the MXFP8 scale rows), each copying its
-// row's K codes and scales. For blockwise, a and b are the destination's and source's
-// scale strides and c the blocks per row; for MXFP8, a is the destination's scale rows
-// and b the scale bytes per row.
-func gatherGPU(s *device.Stream, name string, dq, sq, ds, ss, index *device.Tensor, per, m, k int, st *device.Status, op int, a, b, c int64) error {
-	rows := int(a)
+// gpu launches kernel name (dl_gather_bw or dl_gather_mx; _w16 when the codes' rows are
+// whole 16-byte units, else _w1) on s with one block per destination scale row (rows:
+// the blockwise scales' padded columns, or the MXFP8 scale rows), each copying its row's
+// k codes and scales ds ← ss. For blockwise, a and b are the destination's and source's
+// scale strides and c the blocks per row; for MXFP8, b is the scale bytes per row (a and
+// c are unused).
+func (j gatherJob) gpu(s *device.Stream, name string, rows int, ds, ss *device.Tensor, a, b, c int64) error {
 	if rows == 0 {
 		return nil
 	}
 	vec := "_w1"
-	if k%16 == 0 && (dq.Len() == 0 || dq.Ptr()%16 == 0) && (sq.Len() == 0 || sq.Ptr()%16 == 0) {
+	if j.k%16 == 0 && j.dq.Ptr()%16 == 0 && j.sq.Ptr()%16 == 0 {
 		vec = "_w16"
 	}
 	kern, err := s.Device().Kernel(gatherKernels, name+vec)
 	if err != nil {
 		return err
 	}
-	return kern.Launch(s, device.D1(rows), device.D1(gatherThreads), 0, dq, sq, ds, ss, index, int32(index.Len()), int32(per), int32(m),
-		int64(k), a, b, c, st, int32(op))
+	return kern.Launch(s, device.D1(rows), device.D1(gatherThreads), 0, j.dq, j.sq, ds, ss, j.index, int32(j.index.Len()), int32(j.per),
+		int32(j.m), int64(j.k), a, b, c, j.st, int32(j.op))
 }
 
 // gatherThreads is the block of the gather kernels.

@@ -2,6 +2,7 @@ package quant
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -77,12 +78,7 @@ func TestGather(t *testing.T) {
 			r := dt.Rand(uint64(700 + ci))
 			vals := make([]float32, c.m*c.k)
 			for i := range c.m {
-				sc := float32(1 << 20)
-				if e := r.IntN(41) - 20; e < 0 {
-					sc = 1 / float32(int(1)<<-e)
-				} else {
-					sc = float32(int(1) << e)
-				}
+				sc := float32(math.Ldexp(1, r.IntN(41)-20))
 				for j := range c.k {
 					vals[i*c.k+j] = float32(r.NormFloat64()) * sc
 				}
@@ -174,11 +170,11 @@ func TestGatherBadIndex(t *testing.T) {
 		r := dt.Rand(720)
 		x := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(r, m*k, 1), m, k))
 		defer x.Free()
+		xv := dt.Must(x.Float32s(s))
 		for _, bad := range []int32{m * per, -2, 1 << 30} {
 			index := []int32{3, bad, 11, -1}
 			ix := dt.Must(device.FromSlice(s, device.I32, index, len(index)))
 			good := []int32{3, -1, 11, -1}
-			xv := dt.Must(x.Float32s(s))
 			gx := dt.Must(device.FromFloat32(s, device.BF16, gatherRows(xv, k, per, good), len(good), k))
 			for _, rec := range []string{"blockwise", "mxfp8"} {
 				st := dt.Must(device.NewStatus(s))
@@ -210,61 +206,64 @@ func TestGatherBadIndex(t *testing.T) {
 // TestGatherBadArgs checks the gathers' errors for bad arguments.
 func TestGatherBadArgs(t *testing.T) {
 	s := device.CPU().Stream()
+	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
+	freed := func(typ device.DType, shape ...int) *device.Tensor { return dt.Freed(t, s, typ, shape...) }
 	x := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(730), 8*64, 1), 8, 64))
-	defer x.Free()
+	gs := dt.Must(device.FromSlice(s, device.I32, []int32{8}, 1))
+	defer device.FreeAll(x, gs)
 	ix := dt.Must(device.FromSlice(s, device.I32, []int32{0, 1, -1}, 3))
-	defer ix.Free()
 	st := dt.Must(device.NewStatus(s))
 	defer st.Free()
 	bw := dt.Must(QuantizeBlockwise(s, x, BlockOptions{}))
 	bwCols := dt.Must(QuantizeBlockwise(s, x, BlockOptions{Dir: Columnwise}))
 	mx := dt.Must(Quantize(s, x, Options{}))
 	mxSwz := dt.Must(Quantize(s, x, Options{Swizzle: true}))
-	gs := dt.Must(device.FromSlice(s, device.I32, []int32{8}, 1))
-	defer gs.Free()
 	mxGrp := dt.Must(Quantize(s, x, Options{GroupSizes: gs}))
 	mxCols := dt.Must(Quantize(s, x, Options{Dir: Columnwise}))
 	freedBw := dt.Must(QuantizeBlockwise(s, x, BlockOptions{}))
-	dt.NoErr(t, freedBw.Free())
+	freedMx := dt.Must(Quantize(s, x, Options{}))
+	dt.NoErr(t, freeAllOf(freedBw, freedMx))
 	defer freeAllOf(bw, bwCols, mx, mxSwz, mxGrp, mxCols)
-	f32ix := dt.Must(s.Alloc(device.F32, 3))
-	defer f32ix.Free()
-	ix2 := dt.Must(s.Alloc(device.I32, 3, 1))
-	defer ix2.Free()
-	freedIx := dt.Must(s.Alloc(device.I32, 3))
-	dt.NoErr(t, freedIx.Free())
-	bwCall := func(s *device.Stream, q *Blockwise, ix *device.Tensor, per int, st *device.Status) error {
-		_, err := GatherBlockwise(s, q, ix, per, st)
-		return err
+	freedSt := dt.FreedStatus(t, s)
+	bwCall := func(s *device.Stream, q *Blockwise, ix *device.Tensor, per int, st *device.Status) func() error {
+		return func() error { _, err := GatherBlockwise(s, q, ix, per, st); return err }
 	}
-	mxCall := func(s *device.Stream, q *MXFP8, ix *device.Tensor, per int, st *device.Status) error {
-		_, err := GatherMXFP8(s, q, ix, per, st)
-		return err
+	mxCall := func(s *device.Stream, q *MXFP8, ix *device.Tensor, per int, st *device.Status) func() error {
+		return func() error { _, err := GatherMXFP8(s, q, ix, per, st); return err }
 	}
 	for _, c := range []struct {
-		name, want string
-		err        error
+		name string
+		call func() error
+		want string
 	}{
-		{"bw nil stream", "nil stream", bwCall(nil, bw, ix, 1, st)},
-		{"bw nil src", "q is nil", bwCall(s, nil, ix, 1, st)},
-		{"bw freed src", "freed", bwCall(s, freedBw, ix, 1, st)},
-		{"bw columnwise src", "q.Row is nil", bwCall(s, bwCols, ix, 1, st)},
-		{"bw nil index", "index", bwCall(s, bw, nil, 1, st)},
-		{"bw f32 index", "want i32[R]", bwCall(s, bw, f32ix, 1, st)},
-		{"bw 2-d index", "want i32[R]", bwCall(s, bw, ix2, 1, st)},
-		{"bw freed index", "freed", bwCall(s, bw, freedIx, 1, st)},
-		{"bw per 0", "per = 0", bwCall(s, bw, ix, 0, st)},
-		{"bw nil status", "st is nil", bwCall(s, bw, ix, 1, nil)},
-		{"mx nil stream", "nil stream", mxCall(nil, mx, ix, 1, st)},
-		{"mx nil src", "q is nil", mxCall(s, nil, ix, 1, st)},
-		{"mx columnwise src", "q.Row is nil", mxCall(s, mxCols, ix, 1, st)},
-		{"mx swizzled src", "swizzled", mxCall(s, mxSwz, ix, 1, st)},
-		{"mx grouped src", "grouped", mxCall(s, mxGrp, ix, 1, st)},
-		{"mx per -1", "per = -1", mxCall(s, mx, ix, -1, st)},
-		{"mx nil status", "st is nil", mxCall(s, mx, ix, 1, nil)},
+		{"bw nil stream", bwCall(nil, bw, ix, 1, st), "nil stream"},
+		{"bw nil src", bwCall(s, nil, ix, 1, st), "q is nil"},
+		{"bw freed src", bwCall(s, freedBw, ix, 1, st), "freed"},
+		{"bw columnwise src", bwCall(s, bwCols, ix, 1, st), "q.Row is nil"},
+		{"bw nil index", bwCall(s, bw, nil, 1, st), "index"},
+		{"bw f32 index", bwCall(s, bw, al(device.F32, 3), 1, st), "want i32[R]"},
+		{"bw 2-d index", bwCall(s, bw, al(device.I32, 3, 1), 1, st), "want i32[R]"},
+		{"bw freed index", bwCall(s, bw, freed(device.I32, 3), 1, st), "freed"},
+		{"bw per 0", bwCall(s, bw, ix, 0, st), "per = 0"},
+		{"bw per past int32", bwCall(s, bw, ix, math.MaxInt32+1, st), "per = 2147483648"},
+		{"bw nil status", bwCall(s, bw, ix, 1, nil), "st is nil"},
+		{"bw freed status", bwCall(s, bw, ix, 1, freedSt), "st"},
+		{"bw unmade status", bwCall(s, bw, ix, 1, &device.Status{}), "st"},
+		{"mx nil stream", mxCall(nil, mx, ix, 1, st), "nil stream"},
+		{"mx nil src", mxCall(s, nil, ix, 1, st), "q is nil"},
+		{"mx freed src", mxCall(s, freedMx, ix, 1, st), "freed"},
+		{"mx columnwise src", mxCall(s, mxCols, ix, 1, st), "q.Row is nil"},
+		{"mx swizzled src", mxCall(s, mxSwz, ix, 1, st), "swizzled"},
+		{"mx grouped src", mxCall(s, mxGrp, ix, 1, st), "grouped"},
+		{"mx nil index", mxCall(s, mx, nil, 1, st), "index"},
+		{"mx f32 index", mxCall(s, mx, al(device.F32, 3), 1, st), "want i32[R]"},
+		{"mx 2-d index", mxCall(s, mx, al(device.I32, 3, 1), 1, st), "want i32[R]"},
+		{"mx freed index", mxCall(s, mx, freed(device.I32, 3), 1, st), "freed"},
+		{"mx per 0", mxCall(s, mx, ix, 0, st), "per = 0"},
+		{"mx per -1", mxCall(s, mx, ix, -1, st), "per = -1"},
+		{"mx nil status", mxCall(s, mx, ix, 1, nil), "st is nil"},
+		{"mx freed status", mxCall(s, mx, ix, 1, freedSt), "st"},
 	} {
-		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {
-			t.Errorf("%s: error %v, want one containing %q", c.name, c.err, c.want)
-		}
+		t.Run(c.name, func(t *testing.T) { dt.WantError(t, c.call, c.want) })
 	}
 }

@@ -45,11 +45,7 @@ func (ck *Checkpoint) momentType() (device.DType, error) {
 	if ck.Moments == "" {
 		return device.F32, nil
 	}
-	dt, err := device.ParseDType(ck.Moments)
-	if err != nil || (dt != device.F32 && dt != device.BF16) {
-		return 0, fmt.Errorf("AdamW moments of dtype %q, want f32 or bf16", ck.Moments)
-	}
-	return dt, nil
+	return floatType("AdamW moments of dtype", ck.Moments)
 }
 
 // History is the record of a training run: the mean training loss of each window of
@@ -167,10 +163,8 @@ func loadModel(d *device.Device, ck *Checkpoint, o modelOptions) (*Model, error)
 			}
 		}
 	}
+	// The model's layers are new: they quantize the loaded W1 and W2 at their first Forward.
 	if err := m.syncCompute(); err != nil {
-		return nil, m.freeAfter(err)
-	}
-	if err := m.invalidateWeights(); err != nil {
 		return nil, m.freeAfter(err)
 	}
 	m.Step = ck.Step

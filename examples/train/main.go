@@ -50,9 +50,8 @@
 // DeepSeek-V3's blockwise f32 scales or MXFP8's power-of-two ones per 32 elements,
 // multiplied with f32 sums. The rest runs in the -dtype as before; FP8 goes with -dtype
 // bf16 (with f32 the GEMMs quantize f32 operands and write f32 results). The layers
-// quantize W1 and W2 at the first forward pass after each AdamW step and after loading
-// a checkpoint, which invalidate their copies; checkpoints are the same in every
-// precision.
+// quantize W1 and W2 at their first forward pass and after each AdamW step, which
+// invalidates their copies; checkpoints are the same in every precision.
 // -profile prints, for one step after warm-up, the device time of each stage above
 // with the rate its estimated work implies. The kernels are in kernels/train.cu; on
 // the CPU their Go twins run, which the tests compare them with.
@@ -252,19 +251,16 @@ func (o options) validate() error {
 }
 
 // computeType returns the dtype of -dtype.
-func (o options) computeType() (device.DType, error) {
-	dt, err := device.ParseDType(o.DType)
-	if err != nil || (dt != device.F32 && dt != device.BF16) {
-		return 0, fmt.Errorf("-dtype %q, want f32 or bf16", o.DType)
-	}
-	return dt, nil
-}
+func (o options) computeType() (device.DType, error) { return floatType("-dtype", o.DType) }
 
 // momentType returns the dtype of -moments.
-func (o options) momentType() (device.DType, error) {
-	dt, err := device.ParseDType(o.Moments)
+func (o options) momentType() (device.DType, error) { return floatType("-moments", o.Moments) }
+
+// floatType returns the dtype named by name, F32 or BF16; what names it in the error.
+func floatType(what, name string) (device.DType, error) {
+	dt, err := device.ParseDType(name)
 	if err != nil || (dt != device.F32 && dt != device.BF16) {
-		return 0, fmt.Errorf("-moments %q, want f32 or bf16", o.Moments)
+		return 0, fmt.Errorf("%s %q, want f32 or bf16", what, name)
 	}
 	return dt, nil
 }

@@ -88,8 +88,7 @@ type modelOptions struct {
 	Moments device.DType // dtype of AdamW's moments: F32 (also the zero value) or BF16
 	// Precision is the arithmetic of the MoE layers' expert GEMMs: moe.PrecisionBF16
 	// (the zero value: in the compute dtype) or an FP8 recipe, whose layers cache their
-	// W1 and W2 quantized until the model invalidates them (after each AdamW step and
-	// after loading a checkpoint).
+	// W1 and W2 quantized until the model invalidates them (after each AdamW step).
 	Precision moe.Precision
 	Stream    *device.Stream     // the stream of every op (nil: the device's default stream)
 	Dist      *dist              // the ranks training the model together (nil: one)
@@ -371,7 +370,7 @@ func (m *Model) syncCompute() error {
 }
 
 // invalidateWeights tells the MoE layers that their weights changed in place, after an
-// AdamW step or a load: an FP8 layer drops its quantized W1 and W2 and quantizes them
+// AdamW step: an FP8 layer drops its quantized W1 and W2 and quantizes them
 // again at its next Forward. Each layer of the model has a cache of its own, the
 // evaluation layers too when they are other layers (with offloading).
 func (m *Model) invalidateWeights() error {

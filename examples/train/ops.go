@@ -17,6 +17,10 @@ var program = device.NewProgram("train.cu", kernelSrc)
 
 const threads = 256
 
+// embVec is TR_EMB_VEC of kernels/train.cu: the groups of 4 columns a thread of
+// tr_embed_norm keeps with its vectorized loads.
+const embVec = 4
+
 // rmsEps is the ε of the RMS normalization.
 const rmsEps = 1e-6
 
@@ -133,9 +137,13 @@ func embedNorm(s *device.Stream, h, xn, rstd, emb, tok *device.Tensor, W, V int)
 	}
 	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		// Groups of 4 columns, each thread keeping up to 4 of them, where every row is aligned
-		// and the table's byte offsets fit an int32.
-		vec := H%4 == 0 && H <= 16*threads && int64(emb.Bytes()) <= math.MaxInt32 &&
+		// The block lists the row's W table rows in shared memory, 4 bytes each.
+		if d := s.Device(); 4*W > d.MaxSharedMemory() {
+			return fmt.Errorf("embedNorm: a window of %d bytes needs %d bytes of shared memory per block, %v allows %d", W, 4*W, d, d.MaxSharedMemory())
+		}
+		// Groups of 4 columns, each thread keeping up to embVec of them, where every row is
+		// aligned and the table's byte offsets fit an int32.
+		vec := H%4 == 0 && H <= 4*embVec*threads && int64(emb.Bytes()) <= math.MaxInt32 &&
 			h.Ptr()%16 == 0 && emb.Ptr()%16 == 0 && xn.Ptr()%uintptr(4*xn.DType().Size()) == 0
 		return launch(s, "tr_embed_norm_"+xn.DType().String(), device.D1(max(B, 1)), 4*W,
 			h, xn, rstd, emb, tok, int32(B), int32(W), int32(ld), int32(V), int32(H), float32(rmsEps), vec)

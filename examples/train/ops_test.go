@@ -649,3 +649,18 @@ func TestFlopsPerToken(t *testing.T) {
 		t.Errorf("flopsPerToken = %g, want %g", got, want)
 	}
 }
+
+// TestKernelConstants checks the Go mirrors of kernels/train.cu's constants.
+func TestKernelConstants(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		want int
+	}{{"TR_EMB_VEC", embVec}, {"TR_ADAM_CHUNK", adamChunk}} {
+		var got int
+		if i := strings.Index(kernelSrc, "#define "+c.name+" "); i < 0 {
+			t.Errorf("kernels/train.cu has no %s", c.name)
+		} else if _, err := fmt.Sscanf(kernelSrc[i+len("#define "+c.name+" "):], "%d", &got); err != nil || got != c.want {
+			t.Errorf("%s is %d (%v), the Go mirror %d", c.name, got, err, c.want)
+		}
+	}
+}

@@ -21,10 +21,11 @@ var fp8 = device.NewProgram("hopper_fp8.cu", fp8Src).WithHeaders(device.Header{N
 const (
 	fp8Block  = 128 // tile rows, columns and stage depth: one scale block
 	fp8Stages = 6   // HF_STAGES
+	fp8MXT    = 640 // HF_MXT: floats of one table of decoded MXFP8 column scales
 	// fp8Smem is HF_SMEM of kernels/fp8.cu: the stages (A and B tiles, 128 A and 128 B
-	// scales each), the MXFP8 consumers' four tables of 640 decoded scales, the stages'
+	// scales each), the MXFP8 consumers' four tables of decoded scales, the stages'
 	// barriers, the four group tables and alignment slack.
-	fp8Smem = fp8Stages*(2*fp8Block*fp8Block+2*fp8Block*4) + 4*640*4 + 2*fp8Stages*8 + 4*(maxG+1)*4 + 1024
+	fp8Smem = fp8Stages*(2*fp8Block*fp8Block+2*fp8Block*4) + 4*fp8MXT*4 + 2*fp8Stages*8 + 4*(maxG+1)*4 + 1024
 )
 
 var fp8Support sync.Map // *device.Device → error

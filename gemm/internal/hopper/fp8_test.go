@@ -41,14 +41,20 @@ func TestFP8KernelsCompileBodies(t *testing.T) {
 	}
 }
 
-// TestFP8StagesMirrorC checks that fp8Stages (and so fp8Smem) is HF_STAGES of the source.
+// TestFP8StagesMirrorC checks that fp8Stages and fp8MXT (and so fp8Smem) are HF_STAGES
+// and HF_MXT of the source.
 func TestFP8StagesMirrorC(t *testing.T) {
-	m := regexp.MustCompile(`#define HF_STAGES (\d+)`).FindStringSubmatch(fp8Src)
-	if m == nil {
-		t.Fatal("kernels/fp8.cu has no HF_STAGES")
-	}
-	if n, _ := strconv.Atoi(m[1]); n != fp8Stages {
-		t.Errorf("HF_STAGES is %d, fp8Stages %d", n, fp8Stages)
+	for _, c := range []struct {
+		name string
+		want int
+	}{{"HF_STAGES", fp8Stages}, {"HF_MXT", fp8MXT}} {
+		m := regexp.MustCompile(`#define ` + c.name + ` (\d+)`).FindStringSubmatch(fp8Src)
+		if m == nil {
+			t.Fatalf("kernels/fp8.cu has no %s", c.name)
+		}
+		if n, _ := strconv.Atoi(m[1]); n != c.want {
+			t.Errorf("%s is %d, the Go mirror %d", c.name, n, c.want)
+		}
 	}
 }
 
