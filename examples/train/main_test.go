@@ -559,3 +559,39 @@ func TestFP8(t *testing.T) {
 // relative to 1 + the loss: they were within 0.0011 on the CPU, and layers that kept the
 // first step's quantized weights 0.06 to 0.15 off.
 const fp8LossTol = 0.01
+
+// TestOutputWeightGrad checks the output projection's weight gradient at batches that
+// outSplit cuts into parts (and one that it does not) against float64 sums.
+func TestOutputWeightGrad(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 8, FFN: 4, Experts: 4, TopK: 2, Layers: 1}
+		for _, B := range []int{1000, 2048, 5000 + 3} {
+			t.Run(fmt.Sprintf("B=%d", B), func(t *testing.T) {
+				m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: device.F32}))
+				defer m.Free()
+				s, H, V := m.s, cfg.Hidden, cfg.Vocab
+				ws := dt.Must(m.workspace(B))
+				if got, want := ws.outParts != nil, outSplit(B) > 1; got != want {
+					t.Fatalf("parts made %v, want %v", got, want)
+				}
+				r := dt.Rand(uint64(B))
+				xv, gv := dt.Normal(r, B*H, 1), dt.Normal(r, B*V, 1)
+				dt.NoErr(t, ws.xn[cfg.Layers].SetFloat32(s, xv))
+				dt.NoErr(t, ws.dlogits.SetFloat32(s, gv))
+				dt.Poison(t, s, m.out.g)
+				dt.NoErr(t, m.outputWeightGrad(ws))
+				want := make([]float64, H*V)
+				for i := range H {
+					for j := range V {
+						var sum float64
+						for b := range B {
+							sum += float64(xv[b*H+i]) * float64(gv[b*V+j])
+						}
+						want[i*V+j] = sum
+					}
+				}
+				near(t, "out.g", down(t, s, m.out.g), want, 1e-7*float64(B)) // f32 sums of B products of about 1
+			})
+		}
+	})
+}

@@ -166,6 +166,8 @@ type workspace struct {
 	dhc               *device.Tensor   // its copy in the compute dtype (nil for F32: dh itself)
 	dxn               *device.Tensor   // [B, H]: gradient of a norm's output
 	perm, offs        *device.Tensor   // I32 [W, B], [W, V+1]: the embedding gradient's grouping
+	outSizes          *device.Tensor   // I32 [P]: the row parts of the output projection's weight gradient (nil for P = 1)
+	outParts          *device.Tensor   // F32 [P, H, V]: each part's weight gradient, summed into out.g
 	evTok             *device.Tensor   // I32 [B, W+1]: a held-out batch
 	trainLoss, evLoss *device.Tensor   // F32 [B]: per-row loss sums
 }

@@ -21,6 +21,14 @@ const threads = 256
 // tr_embed_norm keeps with its vectorized loads.
 const embVec = 4
 
+// embParts is TR_EMB_PARTS of kernels/train.cu: the parts, summed one by one and then
+// added in order, that embedBackward cuts each table row's contributions into; embCols is
+// TR_EMB_COLS, the columns of a block of tr_embed_bwd.
+const (
+	embParts = 8
+	embCols  = 128
+)
+
 // rmsEps is the ε of the RMS normalization.
 const rmsEps = 1e-6
 
@@ -34,6 +42,22 @@ func launch(s *device.Stream, name string, grid device.Dim3, smem int, args ...a
 		return err
 	}
 	return k.Launch(s, grid, device.D1(threads), smem, args...)
+}
+
+// rowVec reports whether the row kernels (tr_embed_norm, tr_add_norm, tr_norm_bwd) can
+// move rows of H elements of ts in groups of 4, each thread keeping up to embVec groups:
+// H a multiple of 4 and at most 4·embVec·threads, every tensor's start aligned to 4 of its
+// elements (16 bytes of f32, 8 of bf16), so every row's is.
+func rowVec(H int, ts ...*device.Tensor) bool {
+	if H%4 != 0 || H > 4*embVec*threads {
+		return false
+	}
+	for _, t := range ts {
+		if t.Ptr()%uintptr(4*t.DType().Size()) != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // computeType returns an error unless dt is a compute dtype of the model: F32 or BF16.
@@ -143,8 +167,7 @@ func embedNorm(s *device.Stream, h, xn, rstd, emb, tok *device.Tensor, W, V int)
 		}
 		// Groups of 4 columns, each thread keeping up to embVec of them, where every row is
 		// aligned and the table's byte offsets fit an int32.
-		vec := H%4 == 0 && H <= 4*embVec*threads && int64(emb.Bytes()) <= math.MaxInt32 &&
-			h.Ptr()%16 == 0 && emb.Ptr()%16 == 0 && xn.Ptr()%uintptr(4*xn.DType().Size()) == 0
+		vec := rowVec(H, h, emb, xn) && int64(emb.Bytes()) <= math.MaxInt32
 		return launch(s, "tr_embed_norm_"+xn.DType().String(), device.D1(max(B, 1)), 4*W,
 			h, xn, rstd, emb, tok, int32(B), int32(W), int32(ld), int32(V), int32(H), float32(rmsEps), vec)
 	}
@@ -197,7 +220,8 @@ func addNorm(s *device.Stream, ho, xn, rstd, hi, y *device.Tensor) error {
 		return err
 	}
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_add_norm_"+dt.String(), device.D1(max(B, 1)), 0, ho, xn, rstd, hi, y, int32(B), int32(H), float32(rmsEps))
+		return launch(s, "tr_add_norm_"+dt.String(), device.D1(max(B, 1)), 0, ho, xn, rstd, hi, y, int32(B), int32(H), float32(rmsEps),
+			rowVec(H, ho, xn, hi, y))
 	}
 	return s.EnqueueCPU(func() {
 		ov, iv, rv, yi, xo := device.Slice[float32](ho), device.Slice[float32](hi), device.Slice[float32](rstd), rowsOf(y), rowsOf(xn)
@@ -247,7 +271,8 @@ func normBackward(s *device.Stream, dx, dxc, dxn, x, rstd *device.Tensor, accumu
 		return err
 	}
 	if s.Device().IsCUDA() {
-		return launch(s, "tr_norm_bwd_"+dt.String(), device.D1(max(B, 1)), 0, dx, dxc, dxn, x, rstd, int32(B), int32(H), accumulate)
+		vec := rowVec(H, dx, dxn, x) && (dxc == nil || rowVec(H, dxc))
+		return launch(s, "tr_norm_bwd_"+dt.String(), device.D1(max(B, 1)), 0, dx, dxc, dxn, x, rstd, int32(B), int32(H), accumulate, vec)
 	}
 	return s.EnqueueCPU(func() {
 		ov, xv, rv, gi := device.Slice[float32](dx), device.Slice[float32](x), device.Slice[float32](rstd), rowsOf(dxn)
@@ -357,9 +382,12 @@ func softmaxCE(s *device.Stream, loss, dlogits, logits, tok *device.Tensor, col 
 }
 
 // embedBackward computes the embedding table's gradient demb[w·V+v, :] = Σ_{b: tok[b,w]=v}
-// dh[b,:], in increasing b, for demb F32[W·V,H] and dh F32[B,H], on s. On a GPU it first
-// groups each position's rows by token (a stable counting sort) into perm I32[W,B] and
-// offs I32[W,V+1], scratch that the CPU does not use.
+// dh[b,:], for demb F32[W·V,H] and dh F32[B,H], on s. The n rows b of an entry, in
+// increasing b, are cut into embParts parts of ceil(n/embParts) rows (the last ones shorter
+// or empty); each part is summed in order from zero, and the parts' sums are added in order:
+// the GPU's warps add up the parts at once, with the CPU's result bit for bit. On a GPU it
+// first groups each position's rows by token (a stable counting sort) into perm I32[W,B]
+// and offs I32[W,V+1], scratch that the CPU does not use.
 func embedBackward(s *device.Stream, demb, dh, tok, perm, offs *device.Tensor, W, V int) error {
 	if err := dh.CheckShape(s, "embedBackward dh", device.F32, -1, -1); err != nil {
 		return err
@@ -388,22 +416,39 @@ func embedBackward(s *device.Stream, demb, dh, tok, perm, offs *device.Tensor, W
 		if err := launch(s, "tr_embed_sort", device.D1(W), (9*V+1)*4, perm, offs, tok, int32(B), int32(ld), int32(V)); err != nil {
 			return err
 		}
-		return launch(s, "tr_embed_bwd", device.Dim3{X: W * V, Y: (H + threads - 1) / threads, Z: 1}, 0,
+		// A block of tr_embed_bwd is embParts warps: threads = 32·embParts.
+		return launch(s, "tr_embed_bwd", device.Dim3{X: W * V, Y: (H + embCols - 1) / embCols, Z: 1}, 0,
 			demb, dh, perm, offs, int32(B), int32(V), int32(H))
 	}
 	return s.EnqueueCPU(func() {
 		dv, gv, tv := device.Slice[float32](demb), device.Slice[float32](dh), device.Slice[int32](tok)
-		clear(dv)
-		// Each position w owns its rows of demb: positions in parallel, rows b in order.
+		// Each position w owns its rows of demb: positions in parallel.
 		par.Each(W, func(w int) {
+			rows := make([][]int, V) // each token's rows b at w, in increasing b
 			for b := range B {
-				v := int(tv[b*ld+w])
-				if v < 0 || v >= V {
-					continue
+				if v := int(tv[b*ld+w]); v >= 0 && v < V {
+					rows[v] = append(rows[v], b)
 				}
+			}
+			part := make([]float32, H)
+			for v, bs := range rows {
 				out := dv[(w*V+v)*H : (w*V+v+1)*H]
-				for j, x := range gv[b*H : (b+1)*H] {
-					out[j] += x
+				clear(out)
+				q := (len(bs) + embParts - 1) / embParts
+				for p := range embParts {
+					clear(part)
+					for _, b := range bs[min(p*q, len(bs)):min((p+1)*q, len(bs))] {
+						for j, x := range gv[b*H : (b+1)*H] {
+							part[j] += x
+						}
+					}
+					if p == 0 {
+						copy(out, part)
+						continue
+					}
+					for j, x := range part {
+						out[j] += x
+					}
 				}
 			}
 		})

@@ -197,18 +197,42 @@ func testOps(t *testing.T, s *device.Stream, r *rand.Rand, typ device.DType, B, 
 		}
 	}
 
-	// embedBackward: each entry the f32 sum of its rows in increasing b, bit for bit.
+	// embedBackward: each entry the f32 sum of its rows in increasing b, cut into embParts
+	// parts summed one by one and then in order, bit for bit. Token 0 is made frequent, so
+	// that its entries have rows in every part.
+	for b := 0; b < B; b += 3 {
+		tokv[b*ld] = 0
+	}
+	tok = dt.Must(device.FromSlice(s, device.I32, tokv, B, ld))
+	ts.Add(tok)
 	dhv := dt.Normal(r, B*H, 1)
 	dh := up(t, s, dhv, B, H)
 	ts.Add(dh)
 	demb, perm, offs := alloc(device.F32, W*V, H), alloc(device.I32, W, B), alloc(device.I32, W, V+1)
 	dt.NoErr(t, embedBackward(s, demb, dh, tok, perm, offs, W, V))
 	want := make([]float32, W*V*H)
-	for b := range B {
-		for w := range W {
-			if v := int(tokv[b*ld+w]); v < V {
+	for w := range W {
+		for v := range V {
+			var bs []int
+			for b := range B {
+				if int(tokv[b*ld+w]) == v {
+					bs = append(bs, b)
+				}
+			}
+			q := (len(bs) + embParts - 1) / embParts
+			for p := range embParts {
+				part := make([]float32, H)
+				for i := p * q; i < min((p+1)*q, len(bs)); i++ {
+					for j := range H {
+						part[j] += dhv[bs[i]*H+j]
+					}
+				}
 				for j := range H {
-					want[(w*V+v)*H+j] += dhv[b*H+j]
+					if p == 0 {
+						want[(w*V+v)*H+j] = part[j]
+					} else {
+						want[(w*V+v)*H+j] += part[j]
+					}
 				}
 			}
 		}
@@ -655,12 +679,15 @@ func TestKernelConstants(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		want int
-	}{{"TR_EMB_VEC", embVec}, {"TR_ADAM_CHUNK", adamChunk}} {
+	}{{"TR_EMB_VEC", embVec}, {"TR_EMB_PARTS", embParts}, {"TR_EMB_COLS", embCols}, {"TR_ADAM_CHUNK", adamChunk}} {
 		var got int
 		if i := strings.Index(kernelSrc, "#define "+c.name+" "); i < 0 {
 			t.Errorf("kernels/train.cu has no %s", c.name)
 		} else if _, err := fmt.Sscanf(kernelSrc[i+len("#define "+c.name+" "):], "%d", &got); err != nil || got != c.want {
 			t.Errorf("%s is %d (%v), the Go mirror %d", c.name, got, err, c.want)
 		}
+	}
+	if 32*embParts != threads {
+		t.Errorf("tr_embed_bwd's %d warps are not the %d threads of a launch", embParts, threads)
 	}
 }

@@ -39,11 +39,23 @@ func (m *Model) workspace(B int) (*workspace, error) {
 	ws.perm = ts.Alloc(device.I32, c.Window, B)
 	ws.offs = ts.Alloc(device.I32, c.Window, c.Vocab+1)
 	ws.evTok = ts.Alloc(device.I32, B, c.Window+1)
+	P := outSplit(B)
+	if P > 1 {
+		ws.outSizes = ts.Alloc(device.I32, P)
+		ws.outParts = ts.Alloc(device.F32, P, c.Hidden, c.Vocab)
+	}
 	ws.trainLoss = ts.Alloc(device.F32, B)
 	ws.evLoss = ts.Alloc(device.F32, B)
 	err := ts.Err()
 	if err == nil {
 		err = device.Upload(s, ws.sizes, []int32{int32(B)})
+	}
+	if err == nil && P > 1 {
+		parts := make([]int32, P)
+		for i := range parts {
+			parts[i] = int32(B/P + min(max(B%P-i, 0), 1)) // the first B mod P parts a row longer
+		}
+		err = device.Upload(s, ws.outSizes, parts)
 	}
 	for _, t := range []*device.Tensor{ws.trainLoss, ws.evLoss} {
 		if err == nil {
@@ -115,7 +127,7 @@ func (m *Model) forward(ws *workspace, tok, loss *device.Tensor, grad bool, laye
 func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activations) error {
 	s, c := m.s, m.Config
 	L := c.Layers
-	err := gemm.RaggedDotWeightGrad(s, m.out.g, ws.xn[L], ws.dlogits, ws.sizes, nil)
+	err := m.outputWeightGrad(ws)
 	if err == nil {
 		err = gemm.RaggedDotInputGrad(s, ws.dxn, ws.dlogits, m.out.cw(), ws.sizes, nil)
 	}
@@ -158,6 +170,35 @@ func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activati
 		err = errors.Join(err, a.Free())
 	}
 	return err
+}
+
+// outSplit returns the row parts P of the output projection's weight gradient at a batch
+// of B rows: up to 8, of at least 1,024 rows each. Its H×V output is a few tiles of the
+// weight-gradient kernel (16 at H=1024, V=256), so one product over all B rows keeps a
+// few of the GPU's multiprocessors busy with long sums; P products over B/P rows each
+// keep P times as many, and their sum costs a pass over P·H·V floats.
+func outSplit(B int) int { return max(min(B/1024, 8), 1) }
+
+// outputWeightGrad writes the output projection's weight gradient out.g = xnᵀ·dlogits
+// over the batch: as P = outSplit(B) products over consecutive parts of the rows (one
+// ragged_dot weight gradient of P groups), summed in part order, the same on every device.
+func (m *Model) outputWeightGrad(ws *workspace) error {
+	s, L := m.s, m.Config.Layers
+	if ws.outParts == nil {
+		return gemm.RaggedDotWeightGrad(s, m.out.g, ws.xn[L], ws.dlogits, ws.sizes, nil)
+	}
+	if err := gemm.RaggedDotWeightGrad(s, ws.outParts, ws.xn[L], ws.dlogits, ws.outSizes, nil); err != nil {
+		return err
+	}
+	g, err := m.out.g.Reshape(m.out.g.Len())
+	if err != nil {
+		return err
+	}
+	parts, err := ws.outParts.Reshape(ws.outParts.Len())
+	if err != nil {
+		return err
+	}
+	return rankSum(s, g, parts, ws.outSizes.Len())
 }
 
 // sumGrads replaces the gradients of the replicated parameters by their sum over the

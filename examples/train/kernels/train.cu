@@ -139,15 +139,52 @@ __device__ void tr_embed_norm(float *__restrict__ h, T *__restrict__ xn, float *
 }
 
 // One block per row b: ho[b, :] = hi[b, :] + y[b, :], the residual add of a block, then
-// its RMS norm as tr_embed_norm's. ho must not alias hi or y.
+// its RMS norm as tr_embed_norm's. ho must not alias hi or y. With vec (as tr_embed_norm's:
+// H a multiple of 4 and at most 4·TR_EMB_VEC·blockDim.x, the rows 16-byte aligned, 8 for
+// bf16) a thread loads up to TR_EMB_VEC groups of 4 columns of hi and y at once and keeps
+// the sums in registers for the norm; else one column at a time.
 template <typename T>
 __device__ void tr_add_norm(float *__restrict__ ho, T *__restrict__ xn, float *__restrict__ rstd,
-                            const float *__restrict__ hi, const T *__restrict__ y, int B, int H, float eps) {
+                            const float *__restrict__ hi, const T *__restrict__ y, int B, int H, float eps,
+                            int vec) {
     __shared__ float red[32];
     int b = blockIdx.x;
     if (b >= B) return;
     i64 o = (i64)b * H;
     float ss = 0.f;
+    if (vec) {
+        const int H4 = H >> 2;
+        float4 a[TR_EMB_VEC];
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            a[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (j4 < H4) {
+                a[q] = tr_ld4(hi + o + 4 * j4);
+                tr_add4(a[q], tr_ld4(y + o + 4 * j4));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            if (j4 < H4) {
+                tr_st4(ho + o + 4 * j4, a[q]);
+                ss += a[q].x * a[q].x;
+                ss += a[q].y * a[q].y;
+                ss += a[q].z * a[q].z;
+                ss += a[q].w * a[q].w;
+            }
+        }
+        ss = dl_block_sum(ss, red);
+        float r = 1.f / sqrtf(ss / (float)H + eps);
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            if (j4 < H4) tr_st4(xn + o + 4 * j4, make_float4(a[q].x * r, a[q].y * r, a[q].z * r, a[q].w * r));
+        }
+        if (threadIdx.x == 0) rstd[b] = r;
+        return;
+    }
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
         float v = hi[o + j] + tr_ld(&y[o + j]);
         ho[o + j] = v;
@@ -162,17 +199,59 @@ __device__ void tr_add_norm(float *__restrict__ ho, T *__restrict__ xn, float *_
 // Gradient of the RMS norm of x (f32 [B, H]) with 1/rms rstd: with xn = x·rstd
 // (recomputed as the forward computed it), v = rstd·(dxn − xn·mean(dxn·xn)); dx = v, or
 // dx += v when accumulate; when dxc is not null it also receives T(dx), the copy the
-// next MoE layer's backward reads. One block per row.
+// next MoE layer's backward reads. One block per row. With vec (as tr_add_norm's, dx and
+// dxc aligned too) a thread loads up to TR_EMB_VEC groups of 4 columns of dxn, x and dx at
+// once and keeps them in registers between the two passes; else one column at a time.
 template <typename T>
 __device__ void tr_norm_bwd(float *__restrict__ dx, T *__restrict__ dxc, const T *__restrict__ dxn,
                             const float *__restrict__ x, const float *__restrict__ rstd, int B, int H,
-                            int accumulate) {
+                            int accumulate, int vec) {
     __shared__ float red[32];
     int b = blockIdx.x;
     if (b >= B) return;
     i64 o = (i64)b * H;
     float r = rstd[b];
     float dot = 0.f;
+    if (vec) {
+        const int H4 = H >> 2;
+        float4 g[TR_EMB_VEC], xr[TR_EMB_VEC], d0[TR_EMB_VEC];
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            g[q] = xr[q] = d0[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (j4 < H4) {
+                g[q] = tr_ld4(dxn + o + 4 * j4);
+                xr[q] = tr_ld4(x + o + 4 * j4);
+                if (accumulate) d0[q] = tr_ld4(dx + o + 4 * j4);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            if (threadIdx.x + q * blockDim.x < H4) {
+                dot += g[q].x * (xr[q].x * r);
+                dot += g[q].y * (xr[q].y * r);
+                dot += g[q].z * (xr[q].z * r);
+                dot += g[q].w * (xr[q].w * r);
+            }
+        }
+        float mean = dl_block_sum(dot, red) / (float)H;
+#pragma unroll
+        for (int q = 0; q < TR_EMB_VEC; q++) {
+            int j4 = threadIdx.x + q * blockDim.x;
+            if (j4 >= H4) continue;
+            float4 d = make_float4(r * (g[q].x - (xr[q].x * r) * mean), r * (g[q].y - (xr[q].y * r) * mean),
+                                   r * (g[q].z - (xr[q].z * r) * mean), r * (g[q].w - (xr[q].w * r) * mean));
+            if (accumulate) {
+                d.x = d0[q].x + d.x;
+                d.y = d0[q].y + d.y;
+                d.z = d0[q].z + d.z;
+                d.w = d0[q].w + d.w;
+            }
+            tr_st4(dx + o + 4 * j4, d);
+            if (dxc != 0) tr_st4(dxc + o + 4 * j4, d);
+        }
+        return;
+    }
     for (int j = threadIdx.x; j < H; j += blockDim.x) dot += tr_ld(&dxn[o + j]) * (x[o + j] * r);
     float mean = dl_block_sum(dot, red) / (float)H;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
@@ -218,12 +297,12 @@ __device__ void tr_softmax_ce(float *__restrict__ loss, T *__restrict__ dlogits,
         tr_embed_norm<T>(h, xn, rstd, emb, tok, B, W, ld, V, H, eps, vec);                                     \
     }                                                                                                          \
     extern "C" __global__ void tr_add_norm_##NAME(float *ho, T *xn, float *rstd, const float *hi, const T *y, \
-                                                  int B, int H, float eps) {                                   \
-        tr_add_norm<T>(ho, xn, rstd, hi, y, B, H, eps);                                                        \
+                                                  int B, int H, float eps, int vec) {                          \
+        tr_add_norm<T>(ho, xn, rstd, hi, y, B, H, eps, vec);                                                   \
     }                                                                                                          \
     extern "C" __global__ void tr_norm_bwd_##NAME(float *dx, T *dxc, const T *dxn, const float *x,             \
-                                                  const float *rstd, int B, int H, int accumulate) {           \
-        tr_norm_bwd<T>(dx, dxc, dxn, x, rstd, B, H, accumulate);                                               \
+                                                  const float *rstd, int B, int H, int accumulate, int vec) {  \
+        tr_norm_bwd<T>(dx, dxc, dxn, x, rstd, B, H, accumulate, vec);                                          \
     }                                                                                                          \
     extern "C" __global__ void tr_softmax_ce_##NAME(float *loss, T *dlogits, const float *logits,              \
                                                     const int *tok, int B, int V, int ld, int col,             \
@@ -275,12 +354,14 @@ extern "C" __global__ void __launch_bounds__(256) tr_embed_sort(int *__restrict_
     for (int v = tid; v <= V; v += 256) ow[v] = base[v];
     int *pw = perm + (i64)w * B;
     unsigned below = (1u << lane) - 1u;
+    int next = tid < B ? tok[(i64)tid * ld + w] : -1; // the tile's token, loaded a tile ahead
     for (int b0 = 0; b0 < B; b0 += 256) {
+        int v = next;
+        if (b0 + 256 + tid < B) next = tok[(i64)(b0 + 256 + tid) * ld + w];
         for (int i = tid; i < 8 * V; i += 256) cnt[i] = 0;
         __syncthreads();
         int b = b0 + tid;
-        int v = b < B ? tok[(i64)b * ld + w] : -1;
-        bool valid = v >= 0 && v < V;
+        bool valid = b < B && v >= 0 && v < V;
         unsigned m = __match_any_sync(DL_FULL, valid ? v : -1);
         int rank = __popc(m & below);
         if (valid && rank == 0) cnt[wid * V + v] = __popc(m);
@@ -300,29 +381,62 @@ extern "C" __global__ void __launch_bounds__(256) tr_embed_sort(int *__restrict_
     }
 }
 
-// Gradient of the embedding table from tr_embed_sort's grouping: demb[w*V + v, j] = sum of
-// dh[b, j] over the rows b of (w, v), in increasing b. Grid (W*V, ceil(H/256)), blocks of
-// 256 threads; every row of demb is written (zero for tokens absent at w).
-extern "C" __global__ void tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh,
+#define TR_EMB_PARTS 8  // warps of tr_embed_bwd: the parts each row's contributions are summed in
+#define TR_EMB_COLS 128 // columns of tr_embed_bwd's block: 4 a lane, 32 apart
+
+// Gradient of the embedding table from tr_embed_sort's grouping: demb[w*V + v, j] = the sum
+// of dh[b, j] over the n rows b of (w, v) in increasing b, cut into TR_EMB_PARTS parts of
+// q = ceil(n / TR_EMB_PARTS) rows (the last ones shorter or empty): each part added up in
+// order from zero by one warp, the parts' sums then added in order, (((s0 + s1) + s2) + …),
+// as embedBackward's CPU twin does. Grid (W*V, ceil(H / TR_EMB_COLS)), blocks of
+// 32·TR_EMB_PARTS threads; every row of demb is written (zero for tokens absent at w). A
+// lane keeps 4 columns of 4 rows in flight, so a row of 1,000 contributions (a frequent
+// byte) is 32 rounds of loads, not 250 (one thread a column, four rows in flight).
+extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS) tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh,
                                         const int *__restrict__ perm, const int *__restrict__ offs, int B, int V,
                                         int H) {
+    __shared__ float part[TR_EMB_PARTS][TR_EMB_COLS];
+    if (blockDim.x != 32 * TR_EMB_PARTS) return;
     int row = blockIdx.x, w = row / V, v = row - w * V;
-    int j = blockIdx.y * blockDim.x + threadIdx.x;
-    if (j >= H) return;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, j0 = blockIdx.y * TR_EMB_COLS + lane;
     const int *pw = perm + (i64)w * B;
     int lo = offs[(i64)w * (V + 1) + v], hi = offs[(i64)w * (V + 1) + v + 1];
-    float acc = 0.f;
-    int i = lo;
-    for (; i + 4 <= hi; i += 4) { // four loads in flight, added in order
-        float a0 = dh[(i64)pw[i] * H + j], a1 = dh[(i64)pw[i + 1] * H + j];
-        float a2 = dh[(i64)pw[i + 2] * H + j], a3 = dh[(i64)pw[i + 3] * H + j];
-        acc += a0;
-        acc += a1;
-        acc += a2;
-        acc += a3;
+    int q = (hi - lo + TR_EMB_PARTS - 1) / TR_EMB_PARTS;
+    int plo = min(lo + wid * q, hi), phi = min(plo + q, hi);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    bool in[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) in[c] = j0 + 32 * c < H;
+    int i = plo;
+    for (; i + 4 <= phi; i += 4) { // four rows of four columns in flight, added in order
+        float a[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float *src = dh + (i64)pw[i + r] * H + j0;
+#pragma unroll
+            for (int c = 0; c < 4; c++) a[r][c] = in[c] ? src[32 * c] : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[c] += a[r][c];
     }
-    for (; i < hi; i++) acc += dh[(i64)pw[i] * H + j];
-    demb[(i64)row * H + j] = acc;
+    for (; i < phi; i++) {
+        const float *src = dh + (i64)pw[i] * H + j0;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (in[c]) acc[c] += src[32 * c];
+    }
+#pragma unroll
+    for (int c = 0; c < 4; c++) part[wid][lane + 32 * c] = acc[c];
+    __syncthreads();
+    if (threadIdx.x < TR_EMB_COLS) {
+        int j = blockIdx.y * TR_EMB_COLS + threadIdx.x;
+        float sum = part[0][threadIdx.x];
+#pragma unroll
+        for (int p = 1; p < TR_EMB_PARTS; p++) sum += part[p][threadIdx.x];
+        if (j < H) demb[(i64)row * H + j] = sum;
+    }
 }
 
 // One parameter of the multi-tensor AdamW step: its tensors (the moments m and v of the
