@@ -139,6 +139,25 @@ func newAdamTable(s *device.Stream, ps []adamParam) (*adamTable, error) {
 	return t, nil
 }
 
+// spread makes each step of t one block per chunk instead of as many blocks as fit on
+// the device at once: blocks that come and go, so that when t steps on a stream beside
+// another one the GPU's scheduler can interleave the other stream's kernels, rather than
+// wait for blocks that loop over the whole table.
+func (t *adamTable) spread() { t.grid = int(max(t.chunks, 1)) }
+
+// bytes returns the bytes a step of t reads and writes: p, g, m and v read, p, m, v and
+// the compute copy written.
+func (t *adamTable) bytes() float64 {
+	ms, b := float64(t.moments.Size()), 0.0
+	for _, q := range t.ps {
+		b += float64(q.p.Len()) * (12 + 4*ms)
+		if q.c != nil {
+			b += float64(q.c.Len()) * 2
+		}
+	}
+	return b
+}
+
 // Free releases the device table.
 func (t *adamTable) Free() error {
 	if t == nil || t.tab == nil {

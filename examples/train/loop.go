@@ -76,14 +76,14 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 		cfg = ck.Config
 		res.History = ck.History
 	}
-	s := d.Stream()
-	if R > 1 {
-		// Ranks in one process may share a device: each its own stream.
-		if s, err = d.NewStream(); err != nil {
-			return nil, err
-		}
-		defer func() { err = errors.Join(err, s.Close()) }()
+	// Each rank its own stream (ranks in one process may share a device), with the GPU's
+	// priority: the experts' AdamW steps on the model's second stream fill what its
+	// kernels leave.
+	s, err := d.NewPriorityStream()
+	if err != nil {
+		return nil, err
 	}
+	defer func() { err = errors.Join(err, s.Close()) }()
 	mo := modelOptions{DType: dt, Moments: moments, Precision: prec, Stream: s, Dist: dd}
 	if o.Offload != "" {
 		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, B, R, dt), Policy: pol}); err != nil {
@@ -158,7 +158,11 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 			if err != nil {
 				return nil, err
 			}
-			m.printProfile(w, st, B, enqueue)
+			side, err := marks.sideStages()
+			if err != nil {
+				return nil, err
+			}
+			m.printProfile(w, st, side, B, enqueue)
 		}
 		if m.Step%o.EvalEvery != 0 && i != o.Steps-1 {
 			continue

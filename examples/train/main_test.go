@@ -76,7 +76,7 @@ func TestGradients(t *testing.T) {
 				tt := dt.Must(device.FromSlice(s, device.I32, tok, B, cfg.Window+1))
 				defer tt.Free()
 				acts := dt.Must(m.forward(ws, tt, ws.trainLoss, true, m.layers))
-				dt.NoErr(t, m.backward(ws, tt, acts))
+				dt.NoErr(t, m.backward(ws, tt, acts, nil))
 				loss := func() float64 { return dt.Must(m.evalLoss([][]int32{tok})) }
 				r := dt.Rand(13)
 				const eps = 1e-3

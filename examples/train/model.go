@@ -125,7 +125,11 @@ type Model struct {
 	mem        *device.Temps  // the parameters' tensors
 	dpGrad     *device.Tensor // F32: the gradients of the replicated parameters, back to back (each at a multiple of gradAlign)
 	dpRecv     *device.Tensor // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
-	adam       *adamTable
+	adam       *adamTable   // the parameters but the experts'
+	adamExp    []*adamTable // each layer's experts' W1 and W2, stepped on side as the backward finishes the layer
+	side       *device.Stream
+	evGrad     []*device.Event // each layer's expert gradients done, on s
+	evSide     *device.Event   // side's steps done
 	stats      *device.Tensor // I64[L, E+1]: each layer's load per expert, then dropped assignments
 	epDropped  []int64        // rows each layer dropped for capacity (expert-parallel), since takeStats
 	ws         *workspace
@@ -275,6 +279,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	dpOff := 0
 	var adam []adamParam
+	adamExp := make([][]adamParam, cfg.Layers)
 	for _, sp := range specs {
 		p := &param{name: sp.name, full: sp.full, shape: append([]int(nil), sp.full...), decay: sp.decay, expert: sp.expert}
 		vals := make([]float32, numel(sp.full))
@@ -313,7 +318,13 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 			}
 		}
 		m.params = append(m.params, p)
-		adam = append(adam, adamParam{p: p.w, g: p.g, m: p.m, v: p.v, c: p.c, decay: p.decay})
+		q := adamParam{p: p.w, g: p.g, m: p.m, v: p.v, c: p.c, decay: p.decay}
+		var l int
+		if _, err := fmt.Sscanf(sp.name, "layer%d.", &l); err == nil && sp.expert {
+			adamExp[l] = append(adamExp[l], q) // not summed over the ranks: stepped as soon as the layer's backward ends
+		} else {
+			adam = append(adam, q)
+		}
 	}
 	if err := m.syncCompute(); err != nil {
 		return nil, m.freeAfter(err)
@@ -321,6 +332,25 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	var err error
 	if m.adam, err = newAdamTable(s, adam); err != nil {
 		return nil, m.freeAfter(err)
+	}
+	if m.side, err = d.NewStream(); err != nil {
+		return nil, m.freeAfter(err)
+	}
+	if m.evSide, err = d.NewEvent(); err != nil {
+		return nil, m.freeAfter(err)
+	}
+	for _, ps := range adamExp {
+		t, err := newAdamTable(s, ps)
+		if err != nil {
+			return nil, m.freeAfter(err)
+		}
+		t.spread()
+		m.adamExp = append(m.adamExp, t)
+		e, err := d.NewEvent()
+		if err != nil {
+			return nil, m.freeAfter(err)
+		}
+		m.evGrad = append(m.evGrad, e)
 	}
 	byName := map[string]*param{}
 	for _, p := range m.params {
@@ -393,11 +423,23 @@ func (m *Model) freeAfter(err error) error {
 // Free releases the model's tensors, the FP8 layers' quantized weights included, and
 // closes its expert-parallel groups (together with the other ranks).
 func (m *Model) Free() error {
-	errs := []error{m.invalidateWeights(), m.adam.Free(), m.freeWorkspace(), m.mem.Free()}
+	errs := []error{m.invalidateWeights(), m.adam.Free(), m.freeWorkspace()}
+	if m.side != nil {
+		errs = append(errs, m.side.Synchronize(), m.side.Close())
+	}
+	for _, t := range m.adamExp {
+		errs = append(errs, t.Free())
+	}
+	for _, e := range append(m.evGrad, m.evSide) {
+		if e != nil {
+			errs = append(errs, e.Close())
+		}
+	}
+	errs = append(errs, m.mem.Free())
 	for _, g := range m.groups {
 		errs = append(errs, g.Close())
 	}
-	m.params, m.groups, m.adam = nil, nil, nil
+	m.params, m.groups, m.adam, m.adamExp, m.side, m.evGrad, m.evSide = nil, nil, nil, nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,7 +23,8 @@ const (
 	stageNormBwd   = "norm bwd"    // the gradient of its norm, added to the residual's
 	stageEmbedBwd  = "embed bwd"   // the embedding table's gradient
 	stageGradSum   = "grad sum"    // replicated parameters' gradients summed over the ranks
-	stageAdamW     = "adamw"       // the optimizer step
+	stageAdamW     = "adamw"       // the optimizer step of the parameters but the experts'
+	stageAdamWExp  = "adamw experts" // a layer's experts' optimizer step, on the side stream
 )
 
 func layerStage(l int, stage string) string { return fmt.Sprintf("L%d %s", l, stage) }
@@ -38,6 +40,15 @@ type stepMarks struct {
 	evs   []*device.Event
 	names []string
 	n     int
+	side  []sideMark // spans of work on another stream, as begun and ended; side[:ns] this step's
+	ns    int
+}
+
+// sideMark is the begin or end of a span of work called name on another stream.
+type sideMark struct {
+	ev    *device.Event
+	name  string
+	begin bool
 }
 
 // mark records the end of the stage called name (the start of the step for the first
@@ -56,6 +67,47 @@ func (t *stepMarks) mark(s *device.Stream, name string) error {
 	t.names[t.n] = name
 	t.n++
 	return nil
+}
+
+// markSide records the begin (or the end) of the work called name on the stream s,
+// beside the step's stages.
+func (t *stepMarks) markSide(s *device.Stream, name string, begin bool) error {
+	if t.ns == len(t.side) {
+		e, err := s.Device().NewEvent()
+		if err != nil {
+			return err
+		}
+		t.side = append(t.side, sideMark{ev: e})
+	}
+	m := &t.side[t.ns]
+	m.name, m.begin = name, begin
+	t.ns++
+	return m.ev.Record(s)
+}
+
+// sideStages waits for the spans markSide began and ended and returns their times.
+func (t *stepMarks) sideStages() ([]stageTime, error) {
+	var out []stageTime
+	side := t.side[:t.ns]
+	for i, b := range side {
+		if !b.begin {
+			continue
+		}
+		for _, e := range side[i+1:] {
+			if e.name == b.name && !e.begin {
+				if err := e.ev.Synchronize(); err != nil {
+					return nil, err
+				}
+				d, err := e.ev.Since(b.ev)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, stageTime{b.name, d})
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 // stageTime is how long a stage of a step took on the device.
@@ -87,6 +139,9 @@ func (t *stepMarks) close() error {
 	var errs []error
 	for _, e := range t.evs {
 		errs = append(errs, e.Close())
+	}
+	for _, m := range t.side {
+		errs = append(errs, m.ev.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -132,7 +187,7 @@ func (c *stepClock) begin(s *device.Stream) (*stepMarks, error) {
 		}
 	}
 	t := &c.ring[i]
-	t.n = 0
+	t.n, t.ns = 0, 0
 	if err := t.mark(s, ""); err != nil {
 		return nil, err
 	}
@@ -222,6 +277,7 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 	c := m.Config
 	b, H, F, Fs, E, K, V, W := float64(B), float64(c.Hidden), float64(c.FFN), float64(c.SharedFFN), float64(c.Experts), float64(c.TopK), float64(c.Vocab), float64(c.Window)
 	e := float64(m.dt.Size())
+	full := stage
 	if i := strings.IndexByte(stage, ' '); i > 0 && stage[0] == 'L' {
 		stage = stage[i+1:]
 	}
@@ -244,14 +300,11 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 	case stageEmbedBwd:
 		return 0, 4 * (W*b*H + W*V*H)
 	case stageAdamW:
-		ms := float64(m.moments.Size())
-		for _, p := range m.params {
-			bytes += float64(p.w.Len()) * (12 + 4*ms) // p, g, m, v read; p, m, v written
-			if p.c != nil {
-				bytes += float64(p.c.Len()) * 2
-			}
+		return 0, m.adam.bytes()
+	case stageAdamWExp:
+		if l, err := strconv.Atoi(strings.TrimPrefix(full[:max(strings.IndexByte(full, ' '), 0)], "L")); err == nil && l >= 0 && l < len(m.adamExp) {
+			return 0, m.adamExp[l].bytes()
 		}
-		return 0, bytes
 	case stageGradSum:
 		R := float64(m.dist.Size())
 		return 0, float64(m.dpGrad.Len()) * 4 * (2*R + 1)
@@ -261,7 +314,7 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 
 // printProfile writes the table of a step's stages: time, share of the step, and the
 // rate of the work stageWork estimates.
-func (m *Model) printProfile(w io.Writer, st []stageTime, B int, host time.Duration) {
+func (m *Model) printProfile(w io.Writer, st, side []stageTime, B int, host time.Duration) {
 	var total, moe time.Duration
 	for _, x := range st {
 		total += x.d
@@ -271,19 +324,26 @@ func (m *Model) printProfile(w io.Writer, st []stageTime, B int, host time.Durat
 	}
 	fmt.Fprintf(w, "profile of step %d on %v (B=%d rows on this rank, %v compute):\n", m.Step, m.s.Device(), B, m.dt)
 	fmt.Fprintf(w, "  %-16s %10s %7s  %s\n", "stage", "ms", "share", "rate (estimated work)")
-	for _, x := range st {
-		ms := x.d.Seconds() * 1e3
-		rate := ""
+	rate := func(x stageTime) string {
 		flops, bytes := m.stageWork(x.name, B)
 		switch sec := x.d.Seconds(); {
 		case sec <= 0:
 		case flops > 0:
-			rate = fmt.Sprintf("%.2f TFLOP/s (%.3g GFLOP)", flops/sec/1e12, flops/1e9)
+			return fmt.Sprintf("%.2f TFLOP/s (%.3g GFLOP)", flops/sec/1e12, flops/1e9)
 		case bytes > 0:
-			rate = fmt.Sprintf("%.1f GB/s (%.3g MB)", bytes/sec/1e9, bytes/1e6)
+			return fmt.Sprintf("%.1f GB/s (%.3g MB)", bytes/sec/1e9, bytes/1e6)
 		}
-		fmt.Fprintf(w, "  %-16s %10.3f %6.1f%%  %s\n", x.name, ms, 100*x.d.Seconds()/max(total.Seconds(), 1e-12), rate)
+		return ""
+	}
+	for _, x := range st {
+		fmt.Fprintf(w, "  %-16s %10.3f %6.1f%%  %s\n", x.name, x.d.Seconds()*1e3, 100*x.d.Seconds()/max(total.Seconds(), 1e-12), rate(x))
 	}
 	fmt.Fprintf(w, "  %-16s %10.3f %6.1f%%  MoE layers %.3f ms, the rest %.3f ms; host %.3f ms to enqueue the step\n",
 		"step", total.Seconds()*1e3, 100.0, moe.Seconds()*1e3, (total-moe).Seconds()*1e3, host.Seconds()*1e3)
+	if len(side) > 0 {
+		fmt.Fprintf(w, "  on a second stream, overlapping the stages after each layer's backward (part of their time above):\n")
+	}
+	for _, x := range side {
+		fmt.Fprintf(w, "  %-16s %10.3f %7s  %s\n", x.name, x.d.Seconds()*1e3, "", rate(x))
+	}
 }

@@ -124,7 +124,7 @@ func (m *Model) forward(ws *workspace, tok, loss *device.Tensor, grad bool, laye
 // backward computes every parameter's gradient from ws.dlogits and the activations of
 // forward on tok, and frees the activations. Over several ranks the gradients of the
 // replicated parameters are this rank's share; sumGrads adds the ranks' shares.
-func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activations) error {
+func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activations, layerDone func(l int) error) error {
 	s, c := m.s, m.Config
 	L := c.Layers
 	err := m.outputWeightGrad(ws)
@@ -148,6 +148,9 @@ func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activati
 		err = m.layers[l].Backward(s, &g, dy, acts[l])
 		if err == nil {
 			err = m.mark(layerStage(l, stageMoEBwd))
+		}
+		if err == nil && layerDone != nil {
+			err = layerDone(l)
 		}
 		if err == nil {
 			dhc := ws.dhc
@@ -254,15 +257,22 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
 		}
 		return err
 	}
-	if err := m.backward(ws, tok, acts); err != nil {
+	m.Step++
+	h.LR = lr
+	if err := m.backward(ws, tok, acts, func(l int) error { return m.stepExperts(l, h) }); err != nil {
 		return err
 	}
 	if err := m.sumGrads(); err != nil {
 		return err
 	}
-	m.Step++
-	h.LR = lr
 	if err := m.adam.step(m.s, h, m.Step); err != nil {
+		return err
+	}
+	// The next step reads what the side stream's steps wrote.
+	if err := m.evSide.Record(m.side); err != nil {
+		return err
+	}
+	if err := m.s.Wait(m.evSide); err != nil {
 		return err
 	}
 	// The step changed W1 and W2 (and their BF16 copies) in place.
@@ -270,6 +280,32 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
 		return err
 	}
 	return m.mark(stageAdamW)
+}
+
+// stepExperts applies the step's AdamW to layer l's expert weights on the side stream as
+// soon as the backward on the model's stream has made their gradients (which no rank sums
+// with another's), so that it overlaps the backward of the layers below and what follows
+// it: the model's stream has the GPU's priority, the step's blocks fill what its kernels
+// leave. The results are those of one step over every parameter at the end, bit for bit.
+func (m *Model) stepExperts(l int, h adamHyper) error {
+	if err := m.evGrad[l].Record(m.s); err != nil {
+		return err
+	}
+	if err := m.side.Wait(m.evGrad[l]); err != nil {
+		return err
+	}
+	if m.tl != nil {
+		if err := m.tl.markSide(m.side, layerStage(l, stageAdamWExp), true); err != nil {
+			return err
+		}
+	}
+	if err := m.adamExp[l].step(m.side, h, m.Step); err != nil {
+		return err
+	}
+	if m.tl != nil {
+		return m.tl.markSide(m.side, layerStage(l, stageAdamWExp), false)
+	}
+	return nil
 }
 
 func (m *Model) statsRow(l int) *device.Tensor {
