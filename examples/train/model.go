@@ -122,16 +122,16 @@ type Model struct {
 	out        *param // [1, H, V]: one group for gemm.RaggedDot
 	moeP       []*moe.Params
 	moeG       []*moe.Grads
-	mem        *device.Temps  // the parameters' tensors
-	dpGrad     *device.Tensor // F32: the gradients of the replicated parameters, back to back (each at a multiple of gradAlign)
-	dpRecv     *device.Tensor // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
-	adam       *adamTable   // the parameters but the experts'
-	adamExp    []*adamTable // each layer's experts' W1 and W2, stepped on side as the backward finishes the layer
-	side       *device.Stream
+	mem        *device.Temps   // the parameters' tensors
+	dpGrad     *device.Tensor  // F32: the gradients of the replicated parameters, back to back (each at a multiple of gradAlign)
+	dpRecv     *device.Tensor  // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
+	adam       *adamTable      // the parameters but the experts'
+	adamExp    []*adamTable    // each layer's experts' W1 and W2, stepped on side as the backward finishes the layer
+	side       *device.Stream  // the experts' AdamW steps, beside s
 	evGrad     []*device.Event // each layer's expert gradients done, on s
 	evSide     *device.Event   // side's steps done
-	stats      *device.Tensor // I64[L, E+1]: each layer's load per expert, then dropped assignments
-	epDropped  []int64        // rows each layer dropped for capacity (expert-parallel), since takeStats
+	stats      *device.Tensor  // I64[L, E+1]: each layer's load per expert, then dropped assignments
+	epDropped  []int64         // rows each layer dropped for capacity (expert-parallel), since takeStats
 	ws         *workspace
 	tl         *stepMarks // where the step's stages are marked (nil: nowhere)
 }

@@ -13,17 +13,17 @@ import (
 
 // The stages of a training step, in order; a layer's stages are prefixed with "L<l> ".
 const (
-	stageEmbed     = "embed+norm"  // embedding and the first norm
-	stageMoEFwd    = "moe fwd"     // a layer's MoE forward
-	stageAddNorm   = "add+norm"    // its residual add and the next norm
-	stageOutput    = "output+loss" // output projection and softmax cross-entropy
-	stageStats     = "stats"       // routing statistics added up on the device
-	stageOutputBwd = "output bwd"  // output projection's gradients and the last norm's
-	stageMoEBwd    = "moe bwd"     // a layer's MoE backward
-	stageNormBwd   = "norm bwd"    // the gradient of its norm, added to the residual's
-	stageEmbedBwd  = "embed bwd"   // the embedding table's gradient
-	stageGradSum   = "grad sum"    // replicated parameters' gradients summed over the ranks
-	stageAdamW     = "adamw"       // the optimizer step of the parameters but the experts'
+	stageEmbed     = "embed+norm"    // embedding and the first norm
+	stageMoEFwd    = "moe fwd"       // a layer's MoE forward
+	stageAddNorm   = "add+norm"      // its residual add and the next norm
+	stageOutput    = "output+loss"   // output projection and softmax cross-entropy
+	stageStats     = "stats"         // routing statistics added up on the device
+	stageOutputBwd = "output bwd"    // output projection's gradients and the last norm's
+	stageMoEBwd    = "moe bwd"       // a layer's MoE backward
+	stageNormBwd   = "norm bwd"      // the gradient of its norm, added to the residual's
+	stageEmbedBwd  = "embed bwd"     // the embedding table's gradient
+	stageGradSum   = "grad sum"      // replicated parameters' gradients summed over the ranks
+	stageAdamW     = "adamw"         // the optimizer step of the parameters but the experts'
 	stageAdamWExp  = "adamw experts" // a layer's experts' optimizer step, on the side stream
 )
 
