@@ -78,7 +78,8 @@ func (b *bench) ep(o options) ([]row, error) {
 	r0 := res[0]
 	name := fmt.Sprintf("%s R=%d T=%d H=%d bf16 E=%d K=%d, sent %.2f× T·K rows", kind, R, o.EPT, o.EPH, o.EPE, o.EPK, float64(r0.sent)/float64(r0.base))
 	base := ""
-	if kind == "nccl" && R == 2 && o.EPT == 16384 && o.EPH == 7168 && o.EPK == 8 { // the peer's shape
+	// The peer's shape: all_to_all_single moves every (token, expert) row, whatever E is.
+	if kind == "nccl" && R == 2 && o.EPT == gpuEPT && o.EPH == gpuEPH && o.EPK == gpuEPK {
 		base = "2.82 ms all_to_all_single (one way, every entry)"
 	}
 	return []row{{"ep dispatch+combine", name, r0.t, float64(r0.sent) / r0.t.Seconds() / 1e9, "GB/s (rank 0 sent)", base}}, nil

@@ -36,6 +36,14 @@ type options struct {
 	EPRanks, EPT, EPH, EPE, EPK            int
 }
 
+// The GPU defaults of the primitives' shapes that have peer figures: a row's peer figure is
+// shown only at these shapes, where it was measured.
+const (
+	gpuQuantM, gpuQuantK                        = 65536, 7168
+	gpuEPT, gpuEPH, gpuEPK                      = 16384, 7168, 8
+	gpuMoeT, gpuMoeH, gpuMoeF, gpuMoeE, gpuMoeK = 16384, 7168, 2048, 32, 8
+)
+
 func main() {
 	var o options
 	flag.StringVar(&o.Device, "device", "", "device: cpu, cuda or cuda:N (default: $DROPLESS_DEVICE, else GPU 0 if one works, else the CPU)")
@@ -120,17 +128,17 @@ func run(w io.Writer, o options) error {
 		}
 	}
 	def(&o.CopyBytes, gpu, 2<<30, 64<<20)
-	def(&o.QuantM, gpu, 65536, 2048)
-	def(&o.QuantK, gpu, 7168, 1024)
-	def(&o.EPT, gpu, 16384, 512)
-	def(&o.EPH, gpu, 7168, 256)
+	def(&o.QuantM, gpu, gpuQuantM, 2048)
+	def(&o.QuantK, gpu, gpuQuantK, 1024)
+	def(&o.EPT, gpu, gpuEPT, 512)
+	def(&o.EPH, gpu, gpuEPH, 256)
 	def(&o.EPE, gpu, 64, 16)
-	def(&o.EPK, gpu, 8, 4)
-	def(&o.MoeT, gpu, 16384, 256)
-	def(&o.MoeH, gpu, 7168, 64)
-	def(&o.MoeF, gpu, 2048, 32)
-	def(&o.MoeE, gpu, 32, 8)
-	def(&o.MoeK, gpu, 8, 2)
+	def(&o.EPK, gpu, gpuEPK, 4)
+	def(&o.MoeT, gpu, gpuMoeT, 256)
+	def(&o.MoeH, gpu, gpuMoeH, 64)
+	def(&o.MoeF, gpu, gpuMoeF, 32)
+	def(&o.MoeE, gpu, gpuMoeE, 8)
+	def(&o.MoeK, gpu, gpuMoeK, 2)
 	cases, err := gemmCases(o, gpu)
 	if err != nil {
 		return err

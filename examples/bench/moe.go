@@ -66,7 +66,7 @@ func (b *bench) moe(o options, precs []moe.Precision) ([]row, error) {
 				f *= 3
 			}
 			base := ""
-			if prec == moe.PrecisionBF16 && T == 16384 && H == 7168 && F == 2048 && E == 32 && K == 8 {
+			if prec == moe.PrecisionBF16 && T == gpuMoeT && H == gpuMoeH && F == gpuMoeF && E == gpuMoeE && K == gpuMoeK {
 				base = pass.base // the peer's layer is bf16, of this shape
 			}
 			rows = append(rows, row{pass.name, name, t, f / t.Seconds() / 1e12, "TFLOP/s (expert GEMMs)", base})

@@ -56,7 +56,7 @@ func (b *bench) quant(m, k int) ([]row, error) {
 			name += ", 128 skewed groups"
 		}
 		base := c.base
-		if m != 65536 || k != 7168 {
+		if m != gpuQuantM || k != gpuQuantK {
 			base = "" // the peer's figure is of 65536×7168
 		}
 		rows = append(rows, row{c.name, name, t, float64(moved) / t.Seconds() / 1e9, "GB/s (read+write)", base})

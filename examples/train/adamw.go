@@ -26,6 +26,7 @@ const adamChunk = 2048
 // length; c, when not nil, a BF16 copy of p of the same length that the step refreshes (the
 // weights the compute reads).
 type adamParam struct {
+	name          string // for messages
 	p, g, m, v, c *device.Tensor
 	decay         bool // weight decay applies
 }
@@ -186,7 +187,7 @@ func adamStep(p, g, m, v, decay float32, a adamArgs) (p2, m2, v2 float32) {
 // bias-corrected Adam update, and the compute copies refreshed. BF16 moments are widened,
 // stepped in float32 as F32 ones are, and rounded back to nearest even. On a GPU it is one
 // launch of tr_adamw (tr_adamw_bf16 for BF16 moments), as many blocks as fit on the device
-// at once.
+// at once (one a chunk after spread).
 func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 	if n < 1 {
 		return fmt.Errorf("adamw: step %d, want ≥ 1", n)

@@ -76,10 +76,15 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 		cfg = ck.Config
 		res.History = ck.History
 	}
-	// Each rank its own stream (ranks in one process may share a device), with the GPU's
-	// priority: the experts' AdamW steps on the model's second stream fill what its
-	// kernels leave.
-	s, err := d.NewPriorityStream()
+	// Each rank its own stream (ranks in one process may share a device). Without expert
+	// parallelism it has the GPU's priority, so that the experts' AdamW steps on the
+	// model's second stream fill what its kernels leave; with it, the priority stays with
+	// the expert-parallel groups' transfers.
+	newStream := d.NewStream
+	if R == 1 {
+		newStream = d.NewPriorityStream
+	}
+	s, err := newStream()
 	if err != nil {
 		return nil, err
 	}

@@ -571,7 +571,7 @@ func TestOutputWeightGrad(t *testing.T) {
 				defer m.Free()
 				s, H, V := m.s, cfg.Hidden, cfg.Vocab
 				ws := dt.Must(m.workspace(B))
-				if got, want := ws.outParts != nil, outSplit(B) > 1; got != want {
+				if got, want := ws.outParts != nil, outSplit(B, cfg.Hidden, cfg.Vocab) > 1; got != want {
 					t.Fatalf("parts made %v, want %v", got, want)
 				}
 				r := dt.Rand(uint64(B))

@@ -90,7 +90,7 @@ type modelOptions struct {
 	// (the zero value: in the compute dtype) or an FP8 recipe, whose layers cache their
 	// W1 and W2 quantized until the model invalidates them (after each AdamW step).
 	Precision moe.Precision
-	Stream    *device.Stream     // the stream of every op (nil: the device's default stream)
+	Stream    *device.Stream     // the stream of every op but the experts' AdamW steps, on a second stream the model makes (nil: the device's default stream)
 	Dist      *dist              // the ranks training the model together (nil: one)
 	Offload   *offload.Offloader // where the MoE layers' activations go during training (nil: nowhere)
 }
@@ -101,7 +101,9 @@ type modelOptions struct {
 // F32, AdamW's moments F32 or BF16 (modelOptions.Moments); with a BF16 compute dtype the
 // MoE layers and the output projection read BF16 copies of their weights, which AdamW
 // refreshes; with an FP8 precision (modelOptions.Precision) the MoE layers quantize their
-// experts' weights anew after each step. Every op is enqueued on the model's stream. Over
+// experts' weights anew after each step. Every op is enqueued on the model's stream but
+// the AdamW steps of the experts' weights, which go to a second stream as each layer's
+// backward ends and which the model's stream waits for before the step ends. Over
 // R ranks each holds E/R experts of every layer and a replica of every other parameter,
 // whose gradients it sums with the other ranks'.
 type Model struct {
@@ -184,26 +186,27 @@ type initSpec struct {
 	decay   bool
 	expert  bool
 	compute bool // read by the compute: a BF16 copy when the compute dtype is BF16
+	layer   int  // the MoE block it belongs to, -1 for none
 }
 
 func (c ModelConfig) specs() []initSpec {
 	V, W, H, F, Fs, E := c.Vocab, c.Window, c.Hidden, c.FFN, c.SharedFFN, c.Experts
-	specs := []initSpec{{name: "embed", std: 1 / math.Sqrt(float64(W)), full: []int{W * V, H}}}
+	specs := []initSpec{{name: "embed", std: 1 / math.Sqrt(float64(W)), full: []int{W * V, H}, layer: -1}}
 	residual := 1 / math.Sqrt(float64(2*c.Layers))
 	for l := range c.Layers {
 		pre := fmt.Sprintf("layer%d.", l)
 		specs = append(specs,
-			initSpec{pre + "router", 1 / math.Sqrt(float64(H)), []int{E, H}, true, false, false},
-			initSpec{pre + "w1", 1 / math.Sqrt(float64(H)), []int{E, H, 2 * F}, true, true, true},
-			initSpec{pre + "w2", residual / math.Sqrt(float64(F)), []int{E, F, H}, true, true, true})
+			initSpec{pre + "router", 1 / math.Sqrt(float64(H)), []int{E, H}, true, false, false, l},
+			initSpec{pre + "w1", 1 / math.Sqrt(float64(H)), []int{E, H, 2 * F}, true, true, true, l},
+			initSpec{pre + "w2", residual / math.Sqrt(float64(F)), []int{E, F, H}, true, true, true, l})
 		if Fs > 0 {
 			specs = append(specs,
-				initSpec{pre + "shared_w1", 1 / math.Sqrt(float64(H)), []int{H, 2 * Fs}, true, false, true},
-				initSpec{pre + "shared_w2", residual / math.Sqrt(float64(Fs)), []int{Fs, H}, true, false, true})
+				initSpec{pre + "shared_w1", 1 / math.Sqrt(float64(H)), []int{H, 2 * Fs}, true, false, true, l},
+				initSpec{pre + "shared_w2", residual / math.Sqrt(float64(Fs)), []int{Fs, H}, true, false, true, l})
 		}
 	}
 	// A zero output layer: the first prediction is uniform, with a loss of ln V.
-	return append(specs, initSpec{name: "out", full: []int{1, H, V}, decay: true, compute: true})
+	return append(specs, initSpec{name: "out", full: []int{1, H, V}, decay: true, compute: true, layer: -1})
 }
 
 // newModel returns a model of cfg with parameters drawn from seed (the same on every
@@ -318,10 +321,9 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 			}
 		}
 		m.params = append(m.params, p)
-		q := adamParam{p: p.w, g: p.g, m: p.m, v: p.v, c: p.c, decay: p.decay}
-		var l int
-		if _, err := fmt.Sscanf(sp.name, "layer%d.", &l); err == nil && sp.expert {
-			adamExp[l] = append(adamExp[l], q) // not summed over the ranks: stepped as soon as the layer's backward ends
+		q := adamParam{name: p.name, p: p.w, g: p.g, m: p.m, v: p.v, c: p.c, decay: p.decay}
+		if sp.expert {
+			adamExp[sp.layer] = append(adamExp[sp.layer], q) // not summed over the ranks: stepped as soon as the layer's backward ends
 		} else {
 			adam = append(adam, q)
 		}

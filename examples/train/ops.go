@@ -432,8 +432,7 @@ func embedBackward(s *device.Stream, demb, dh, tok, perm, offs *device.Tensor, W
 			}
 			part := make([]float32, H)
 			for v, bs := range rows {
-				out := dv[(w*V+v)*H : (w*V+v+1)*H]
-				clear(out)
+				out := dv[(w*V+v)*H : (w*V+v+1)*H] // part 0 is copied over it, the others added
 				q := (len(bs) + embParts - 1) / embParts
 				for p := range embParts {
 					clear(part)
@@ -455,8 +454,9 @@ func embedBackward(s *device.Stream, demb, dh, tok, perm, offs *device.Tensor, W
 	})
 }
 
-// rankSum computes out[i] = Σ_r in[r·n + i] over the R ranks' vectors gathered side by
-// side, in rank order, for out F32[n] and in F32[R·n], on s. out must not alias in.
+// rankSum computes out[i] = Σ_r in[r·n + i] over R vectors side by side (the ranks'
+// gathered gradients, or the output projection's row parts), in order, for out F32[n] and
+// in F32[R·n], on s. out must not alias in.
 func rankSum(s *device.Stream, out, in *device.Tensor, R int) error {
 	if err := out.CheckShape(s, "rankSum out", device.F32, -1); err != nil {
 		return err

@@ -39,7 +39,7 @@ func TestOps(t *testing.T) {
 		for _, typ := range []device.DType{device.F32, device.BF16} {
 			// Some sizes repeat tokens often (V of 2 or 7 over hundreds of rows) or cut
 			// the GPU's warps of 32 rows and groups of 4 columns.
-			for _, c := range []struct{ B, W, V, H int }{{1, 1, 2, 1}, {37, 5, 11, 19}, {300, 3, 7, 300}, {600, 2, 300, 33}, {203, 6, 2, 64}} {
+			for _, c := range []struct{ B, W, V, H int }{{1, 1, 2, 1}, {37, 5, 11, 19}, {300, 3, 7, 300}, {600, 2, 300, 33}, {203, 6, 2, 64}, {70, 3, 5, 1028}, {40, 2, 3, 4100}} {
 				t.Run(fmt.Sprintf("%v/B=%d,W=%d,V=%d,H=%d", typ, c.B, c.W, c.V, c.H), func(t *testing.T) {
 					testOps(t, s, r, typ, c.B, c.W, c.V, c.H)
 				})
@@ -237,9 +237,22 @@ func testOps(t *testing.T, s *device.Stream, r *rand.Rand, typ device.DType, B, 
 			}
 		}
 	}
-	if diff := cmp.Diff(want, down(t, s, demb)); diff != "" {
+	got := down(t, s, demb)
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("embedBackward differs from the sums in increasing b (-want +got):\n%s", diff)
 	}
+	// And the sums are the rows' sums, within f32 rounding of float64 ones.
+	exact := make([]float64, W*V*H)
+	for b := range B {
+		for w := range W {
+			if v := int(tokv[b*ld+w]); v >= 0 && v < V {
+				for j := range H {
+					exact[(w*V+v)*H+j] += float64(dhv[b*H+j])
+				}
+			}
+		}
+	}
+	near(t, "embedBackward against float64 sums", got, exact, 1e-6*float64(B))
 }
 
 // adamCases are the parameters of TestAdamW: lengths around the chunk and the groups
@@ -567,13 +580,20 @@ func TestAdamWVector(t *testing.T) {
 				what := fmt.Sprintf("%v compute, %v moments", typ, moments)
 				cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 8, FFN: 4, SharedFFN: 6, Experts: 4, TopK: 2, Layers: 2}
 				m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: typ, Moments: moments}))
-				if m.adam.moments != moments {
-					t.Errorf("%s: the AdamW table's moments are %v", what, m.adam.moments)
-				}
-				for i, q := range m.adam.ps {
-					if d.IsCUDA() && adamShift(q) < 0 {
-						t.Errorf("%s: parameter %s (%d) is moved one element at a time", what, m.params[i].name, i)
+				n := 0
+				for _, tab := range append([]*adamTable{m.adam}, m.adamExp...) {
+					if tab.moments != moments {
+						t.Errorf("%s: an AdamW table's moments are %v", what, tab.moments)
 					}
+					for _, q := range tab.ps {
+						n++
+						if d.IsCUDA() && adamShift(q) < 0 {
+							t.Errorf("%s: parameter %s is moved one element at a time", what, q.name)
+						}
+					}
+				}
+				if n != len(m.params) {
+					t.Errorf("%s: the AdamW tables hold %d parameters, the model %d", what, n, len(m.params))
 				}
 				for _, p := range m.params {
 					if off := (p.g.Ptr() - m.dpGrad.Ptr()) / 4; !p.expert && off%gradAlign != 0 {

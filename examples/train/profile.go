@@ -29,6 +29,17 @@ const (
 
 func layerStage(l int, stage string) string { return fmt.Sprintf("L%d %s", l, stage) }
 
+// splitStage returns the layer and the stage of a name layerStage made, or −1 and name
+// for the stages of no layer.
+func splitStage(name string) (l int, stage string) {
+	if i := strings.IndexByte(name, ' '); i > 1 && name[0] == 'L' {
+		if l, err := strconv.Atoi(name[1:i]); err == nil {
+			return l, name[i+1:]
+		}
+	}
+	return -1, name
+}
+
 // isMoE reports whether a stage is one of the MoE layers'.
 func isMoE(stage string) bool {
 	return strings.HasSuffix(stage, stageMoEFwd) || strings.HasSuffix(stage, stageMoEBwd)
@@ -277,10 +288,7 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 	c := m.Config
 	b, H, F, Fs, E, K, V, W := float64(B), float64(c.Hidden), float64(c.FFN), float64(c.SharedFFN), float64(c.Experts), float64(c.TopK), float64(c.Vocab), float64(c.Window)
 	e := float64(m.dt.Size())
-	full := stage
-	if i := strings.IndexByte(stage, ' '); i > 0 && stage[0] == 'L' {
-		stage = stage[i+1:]
-	}
+	l, stage := splitStage(stage)
 	moeFwd := b * (2*H*E + 6*K*H*F + 6*H*Fs)
 	switch stage {
 	case stageEmbed:
@@ -302,7 +310,7 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 	case stageAdamW:
 		return 0, m.adam.bytes()
 	case stageAdamWExp:
-		if l, err := strconv.Atoi(strings.TrimPrefix(full[:max(strings.IndexByte(full, ' '), 0)], "L")); err == nil && l >= 0 && l < len(m.adamExp) {
+		if l >= 0 && l < len(m.adamExp) {
 			return 0, m.adamExp[l].bytes()
 		}
 	case stageGradSum:

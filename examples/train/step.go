@@ -39,7 +39,7 @@ func (m *Model) workspace(B int) (*workspace, error) {
 	ws.perm = ts.Alloc(device.I32, c.Window, B)
 	ws.offs = ts.Alloc(device.I32, c.Window, c.Vocab+1)
 	ws.evTok = ts.Alloc(device.I32, B, c.Window+1)
-	P := outSplit(B)
+	P := outSplit(B, c.Hidden, c.Vocab)
 	if P > 1 {
 		ws.outSizes = ts.Alloc(device.I32, P)
 		ws.outParts = ts.Alloc(device.F32, P, c.Hidden, c.Vocab)
@@ -176,15 +176,20 @@ func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activati
 }
 
 // outSplit returns the row parts P of the output projection's weight gradient at a batch
-// of B rows: up to 8, of at least 1,024 rows each. Its H×V output is a few tiles of the
-// weight-gradient kernel (16 at H=1024, V=256), so one product over all B rows keeps a
-// few of the GPU's multiprocessors busy with long sums; P products over B/P rows each
-// keep P times as many, and their sum costs a pass over P·H·V floats.
-func outSplit(B int) int { return max(min(B/1024, 8), 1) }
+// of B rows and an H×V projection: up to 8, of at least 1,024 rows each, while P times
+// the product's 128×128 tiles stay within 132 (the multiprocessors of an H100 or H200).
+// The H×V output is a few tiles of the weight-gradient kernel (16 at H=1024, V=256), so
+// one product over all B rows keeps a few multiprocessors busy with long sums; P products
+// over B/P rows each keep P times as many, and their sum costs a pass over P·H·V floats.
+// The partition depends on the shapes alone, the same on every device.
+func outSplit(B, H, V int) int {
+	tiles := max(((H+127)/128)*((V+127)/128), 1)
+	return max(min(B/1024, 8, 132/tiles), 1)
+}
 
 // outputWeightGrad writes the output projection's weight gradient out.g = xnᵀ·dlogits
-// over the batch: as P = outSplit(B) products over consecutive parts of the rows (one
-// ragged_dot weight gradient of P groups), summed in part order, the same on every device.
+// over the batch: as P = outSplit(B, H, V) products over consecutive parts of the rows
+// (one ragged_dot weight gradient of P groups), summed in part order.
 func (m *Model) outputWeightGrad(ws *workspace) error {
 	s, L := m.s, m.Config.Layers
 	if ws.outParts == nil {
@@ -223,12 +228,14 @@ func (m *Model) sumGrads() error {
 }
 
 // trainStep runs forward, backward and an AdamW step with learning rate lr on the batch
-// tok (I32 [B, W+1]: context, then target), enqueued on the model's stream without
+// tok (I32 [B, W+1]: context, then target), enqueued on the model's stream (the experts'
+// AdamW steps on its side stream, which the model's stream waits for at the end) without
 // waiting for the device (but for the count exchanges of expert parallelism), and
 // invalidates the FP8 layers' quantized weights, which the step made stale. The
 // batch's loss and routing statistics are added to the running sums that takeTrainLoss
-// and takeStats return.
-func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
+// and takeStats return. After an error the model's parameters may hold part of the step:
+// it is not fit to train on.
+func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err error) {
 	ws, err := m.workspace(tok.Dim(0))
 	if err != nil {
 		return err
@@ -259,6 +266,19 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
 	}
 	m.Step++
 	h.LR = lr
+	// The model's stream waits for the side stream's steps, which the next step's forward
+	// reads, before the step's last stage ends; a failed step waits for them too, leaving
+	// no work of the side stream unordered.
+	joined := false
+	join := func() error {
+		joined = true
+		return errors.Join(m.evSide.Record(m.side), m.s.Wait(m.evSide))
+	}
+	defer func() {
+		if !joined {
+			err = errors.Join(err, join())
+		}
+	}()
 	if err := m.backward(ws, tok, acts, func(l int) error { return m.stepExperts(l, h) }); err != nil {
 		return err
 	}
@@ -268,11 +288,7 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
 	if err := m.adam.step(m.s, h, m.Step); err != nil {
 		return err
 	}
-	// The next step reads what the side stream's steps wrote.
-	if err := m.evSide.Record(m.side); err != nil {
-		return err
-	}
-	if err := m.s.Wait(m.evSide); err != nil {
+	if err := join(); err != nil {
 		return err
 	}
 	// The step changed W1 and W2 (and their BF16 copies) in place.
@@ -285,8 +301,8 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) error {
 // stepExperts applies the step's AdamW to layer l's expert weights on the side stream as
 // soon as the backward on the model's stream has made their gradients (which no rank sums
 // with another's), so that it overlaps the backward of the layers below and what follows
-// it: the model's stream has the GPU's priority, the step's blocks fill what its kernels
-// leave. The results are those of one step over every parameter at the end, bit for bit.
+// it: where the model's stream has the GPU's priority (the training loop's, without
+// expert parallelism), the step's blocks fill what its kernels leave. The results are those of one step over every parameter at the end, bit for bit.
 func (m *Model) stepExperts(l int, h adamHyper) error {
 	if err := m.evGrad[l].Record(m.s); err != nil {
 		return err

@@ -139,7 +139,9 @@ __device__ void tr_embed_norm(float *__restrict__ h, T *__restrict__ xn, float *
 }
 
 // One block per row b: ho[b, :] = hi[b, :] + y[b, :], the residual add of a block, then
-// its RMS norm as tr_embed_norm's. ho must not alias hi or y. With vec (as tr_embed_norm's:
+// its RMS norm as tr_embed_norm's. ho must not alias hi or y. (The two paths add the
+// squares in different orders, so rstd may differ in its last bit between them: each
+// path is deterministic.) With vec (as tr_embed_norm's:
 // H a multiple of 4 and at most 4·TR_EMB_VEC·blockDim.x, the rows 16-byte aligned, 8 for
 // bf16) a thread loads up to TR_EMB_VEC groups of 4 columns of hi and y at once and keeps
 // the sums in registers for the norm; else one column at a time.
@@ -383,6 +385,7 @@ extern "C" __global__ void __launch_bounds__(256) tr_embed_sort(int *__restrict_
 
 #define TR_EMB_PARTS 8  // warps of tr_embed_bwd: the parts each row's contributions are summed in
 #define TR_EMB_COLS 128 // columns of tr_embed_bwd's block: 4 a lane, 32 apart
+static_assert(TR_EMB_COLS == 4 * 32 && TR_EMB_COLS <= 32 * TR_EMB_PARTS, "tr_embed_bwd: 4 columns a lane, one block-wide sum");
 
 // Gradient of the embedding table from tr_embed_sort's grouping: demb[w*V + v, j] = the sum
 // of dh[b, j] over the n rows b of (w, v) in increasing b, cut into TR_EMB_PARTS parts of
@@ -392,9 +395,9 @@ extern "C" __global__ void __launch_bounds__(256) tr_embed_sort(int *__restrict_
 // 32·TR_EMB_PARTS threads; every row of demb is written (zero for tokens absent at w). A
 // lane keeps 4 columns of 4 rows in flight, so a row of 1,000 contributions (a frequent
 // byte) is 32 rounds of loads, not 250 (one thread a column, four rows in flight).
-extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS) tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh,
-                                        const int *__restrict__ perm, const int *__restrict__ offs, int B, int V,
-                                        int H) {
+extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS)
+    tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh, const int *__restrict__ perm,
+                 const int *__restrict__ offs, int B, int V, int H) {
     __shared__ float part[TR_EMB_PARTS][TR_EMB_COLS];
     if (blockDim.x != 32 * TR_EMB_PARTS) return;
     int row = blockIdx.x, w = row / V, v = row - w * V;
@@ -521,7 +524,7 @@ __device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M> &q, i64 i, f
 // given; with bf16 moments (tr_adamw_bf16) m and v are widened exactly, the step is the
 // same f32 arithmetic, and the new m and v are rounded to bf16 (nearest even) as they are
 // stored. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
-// as many blocks as fit on the device at once). A chunk of a parameter with shift ≥ 0
+// as many blocks as fit on the device at once, or one block a chunk). A chunk of a parameter with shift ≥ 0
 // is 512 groups of 4 elements, the first group of chunk k at element 2048·k − shift:
 // each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
 // in flight; 8-byte ones of bf16 moments, 96 bytes) before it computes and stores them
