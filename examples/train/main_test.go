@@ -595,3 +595,37 @@ func TestOutputWeightGrad(t *testing.T) {
 		}
 	})
 }
+
+// TestSideStreamAdamW trains a few steps with the experts' AdamW on the side stream as
+// each layer's backward ends and with every step at the end on the model's stream: the
+// parameters and moments agree bit for bit.
+func TestSideStreamAdamW(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 16, FFN: 8, SharedFFN: 4, Experts: 4, TopK: 2, Layers: 2}
+		h := adamHyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
+		var ref [][]float32
+		for _, serial := range []bool{true, false} {
+			m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: device.BF16, Moments: device.BF16}))
+			m.serialAdam = serial
+			const B = 64
+			for step := range 3 {
+				tok := randTokens(uint64(20+step), B*(cfg.Window+1), cfg.Vocab, false)
+				tt := dt.Must(device.FromSlice(m.s, device.I32, tok, B, cfg.Window+1))
+				dt.NoErr(t, m.trainStep(tt, h, 1e-2))
+				dt.NoErr(t, tt.Free())
+			}
+			var got [][]float32
+			for _, p := range m.params {
+				got = append(got, down(t, m.s, p.w), down(t, m.s, p.m), down(t, m.s, p.v))
+			}
+			dt.NoErr(t, m.Free())
+			if ref == nil {
+				ref = got
+				continue
+			}
+			if diff := cmp.Diff(ref, got); diff != "" {
+				t.Errorf("parameters and moments after the side stream's steps differ from one step at the end (-end +side):\n%s", diff)
+			}
+		}
+	})
+}

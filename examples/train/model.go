@@ -132,6 +132,7 @@ type Model struct {
 	side       *device.Stream  // the experts' AdamW steps, beside s
 	evGrad     []*device.Event // each layer's expert gradients done, on s
 	evSide     *device.Event   // side's steps done
+	serialAdam bool            // step the experts too at the end, on s (tests compare)
 	stats      *device.Tensor  // I64[L, E+1]: each layer's load per expert, then dropped assignments
 	epDropped  []int64         // rows each layer dropped for capacity (expert-parallel), since takeStats
 	ws         *workspace

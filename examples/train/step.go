@@ -279,7 +279,11 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 			err = errors.Join(err, join())
 		}
 	}()
-	if err := m.backward(ws, tok, acts, func(l int) error { return m.stepExperts(l, h) }); err != nil {
+	layerDone := func(l int) error { return m.stepExperts(l, h) }
+	if m.serialAdam {
+		layerDone = nil
+	}
+	if err := m.backward(ws, tok, acts, layerDone); err != nil {
 		return err
 	}
 	if err := m.sumGrads(); err != nil {
@@ -287,6 +291,14 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 	}
 	if err := m.adam.step(m.s, h, m.Step); err != nil {
 		return err
+	}
+	for _, t := range m.adamExp {
+		if !m.serialAdam {
+			break
+		}
+		if err := t.step(m.s, h, m.Step); err != nil {
+			return err
+		}
 	}
 	if err := join(); err != nil {
 		return err
