@@ -262,6 +262,18 @@ func (t *Tensor) Ptr() uintptr {
 	return uintptr(t.st.ptr) + uintptr(t.off)
 }
 
+// Aligned reports whether each tensor of ts that is not nil starts on a multiple of n
+// bytes on its GPU (Ptr), as loads and stores n bytes wide need: kernels choose their
+// access width by it. CPU tensors, whose Ptr is 0, count as aligned.
+func Aligned(n int, ts ...*Tensor) bool {
+	for _, t := range ts {
+		if t != nil && t.Ptr()%uintptr(n) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // HostBytes returns the CPU tensor's bytes, aliasing its storage; nil for GPU, freed
 // and nil tensors.
 func (t *Tensor) HostBytes() []byte {

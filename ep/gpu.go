@@ -72,29 +72,19 @@ func (b *gpuBackend) rowLaunch(s *device.Stream, name string, n int, args ...any
 
 func blocks(n int) int { return max(1, (n+block-1)/block) }
 
-// aligned reports whether every tensor starts on a multiple of a bytes.
-func aligned(a int, ts ...*device.Tensor) bool {
-	for _, t := range ts {
-		if t != nil && t.Ptr()%uintptr(a) != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // vecName picks the widest unit, 16, 4 or 1 bytes, that divides the rows and the bases.
 func vecName(rb int, ts ...*device.Tensor) string {
 	switch {
-	case rb%16 == 0 && aligned(16, ts...):
+	case rb%16 == 0 && device.Aligned(16, ts...):
 		return "v16"
-	case rb%4 == 0 && aligned(4, ts...):
+	case rb%4 == 0 && device.Aligned(4, ts...):
 		return "v4"
 	}
 	return "v1"
 }
 
 // vec8 reports whether the arithmetic kernels may move 8 elements as 16-byte words.
-func vec8(h int, ts ...*device.Tensor) bool { return h%8 == 0 && aligned(16, ts...) }
+func vec8(h int, ts ...*device.Tensor) bool { return h%8 == 0 && device.Aligned(16, ts...) }
 
 // checkArith returns an error unless the arithmetic kernels (ep_wsum_*, ep_final_sum_*,
 // ep_rscale_*, named by dtype) exist for dt: f32, bf16 and f16.

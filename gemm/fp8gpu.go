@@ -54,10 +54,8 @@ func (c *call) hopperShapes(operands []*device.Tensor) bool {
 	if forceMMA || c.M < 1 || c.K < 16 || c.N < 16 || c.K%16 != 0 || c.N%16 != 0 || c.G < 1 || c.G > 1024 {
 		return false
 	}
-	for _, t := range append(operands, c.out) {
-		if t.Ptr()%16 != 0 {
-			return false
-		}
+	if !device.Aligned(16, append(operands, c.out)...) {
+		return false
 	}
 	tm, tn := ceilDiv(c.M, quant.BlockSize), ceilDiv(c.N, quant.BlockSize) // forward
 	switch c.f {

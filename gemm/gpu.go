@@ -151,7 +151,7 @@ func (c *call) gpu(s *device.Stream) error {
 	}
 	raggedK := c.f == weightGrad
 	bf16 := c.a.DType() == device.BF16
-	vec := bf16 && K%8 == 0 && N%8 == 0 && p.A.Ptr()%16 == 0 && p.B.Ptr()%16 == 0 && p.C.Ptr()%16 == 0
+	vec := bf16 && K%8 == 0 && N%8 == 0 && device.Aligned(16, p.A, p.B, p.C)
 
 	// Pick the kernel and its tile shape.
 	var (

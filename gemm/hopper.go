@@ -23,12 +23,7 @@ func (c *call) hopperOK(d *device.Device) bool {
 	if c.a.DType() != device.BF16 || c.M < 1 || c.K < 8 || c.N < 8 || c.K%8 != 0 || c.N%8 != 0 || c.G > 1024 || c.G < 1 {
 		return false
 	}
-	for _, t := range []*device.Tensor{c.out, c.a, c.b} {
-		if t.Ptr()%16 != 0 {
-			return false
-		}
-	}
-	return hopper.Supported(d) == nil
+	return device.Aligned(16, c.out, c.a, c.b) && hopper.Supported(d) == nil
 }
 
 // hopper enqueues the call on the Hopper kernels. The plan kernel has already checked

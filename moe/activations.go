@@ -108,27 +108,22 @@ func (a *Activations) get(s *device.Stream, sl *saved, recompute func() (*device
 	if sl.gone {
 		return nil, fmt.Errorf("moe: activation %s was released by an earlier Backward (with Config.Offload, Backward runs once)", sl.name)
 	}
-	if sl.lazy {
+	var t *device.Tensor
+	var err error
+	switch {
+	case sl.inOff:
+		t, err = a.cfg.Offload.Load(s, sl.h)
+		sl.inOff, sl.h = false, offload.Handle{}
+		if errors.Is(err, offload.ErrRecompute) {
+			t, err = recompute()
+		}
+	case sl.t != nil:
+		return sl.t, nil
+	case sl.lazy:
 		// Recomputed for each Backward that needs it, released after its last use there.
-		if sl.t == nil {
-			t, err := recompute()
-			if err != nil {
-				return nil, fmt.Errorf("moe: activation %s: %w", sl.name, err)
-			}
-			sl.t, sl.loaned = t, true
-		}
-		return sl.t, nil
-	}
-	if !sl.inOff {
-		if sl.t == nil {
-			return nil, fmt.Errorf("moe: activation %s is missing: activations freed?", sl.name)
-		}
-		return sl.t, nil
-	}
-	t, err := a.cfg.Offload.Load(s, sl.h)
-	sl.inOff, sl.h = false, offload.Handle{}
-	if errors.Is(err, offload.ErrRecompute) {
 		t, err = recompute()
+	default:
+		return nil, fmt.Errorf("moe: activation %s is missing: activations freed?", sl.name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("moe: activation %s: %w", sl.name, err)

@@ -66,8 +66,8 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 			if qxp, err = l.gatherX(s, x, pm); err != nil {
 				return fail(err)
 			}
-			defer qxp.free()
-			act.xp.name, act.xp.lazy = ActPermuted, true
+			defer func() { qxp.free() }() // on the paths that fail before W1's GEMM frees it
+			act.xp.lazy = true
 		} else {
 			if xp, err = s.Alloc(dt, pm.Rows, H); err != nil {
 				return fail(err)
@@ -113,7 +113,9 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		return fail(err)
 	}
 	if xp == nil {
-		err = ex.dotRows(h, qxp, false)
+		// The gathered rows are not needed past W1's GEMM: freed in stream order now.
+		err = errors.Join(ex.dotRows(h, qxp, false), qxp.free())
+		qxp = fp8Rows{}
 	} else {
 		err = ex.dot(h, xp, false)
 	}
@@ -121,10 +123,8 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		return fail(err)
 	}
 	l.mark(s, "gemm")
-	if xp != nil {
-		if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil {
-			return fail(err)
-		}
+	if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil { // lazy, without xp
+		return fail(err)
 	}
 	if err := swiglu(s, a, h, act.used); err != nil {
 		return fail(err)

@@ -300,9 +300,6 @@ func (e *experts) inputGrad(dx *device.Tensor, dy *grad, second bool) error {
 	if !e.cfg.Precision.fp8() {
 		return gemm.RaggedDotInputGrad(s, dx, dy.t, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
 	}
-	if dy.dir == quant.Columnwise {
-		return errors.New("moe: internal error: input gradient without the rowwise gradient")
-	}
 	if n := dx.Dim(0); dy.rows < n {
 		rest, err := dx.Rows(dy.rows, n)
 		if err == nil {

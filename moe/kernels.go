@@ -56,10 +56,8 @@ func vecWidth(dt device.DType, cols []int, ts ...*device.Tensor) int {
 			return 1
 		}
 	}
-	for _, t := range ts {
-		if t != nil && t.Ptr()%16 != 0 {
-			return 1
-		}
+	if !device.Aligned(16, ts...) {
+		return 1
 	}
 	return v
 }

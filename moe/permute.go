@@ -51,9 +51,9 @@ func Permute(s *device.Stream, xp, x *device.Tensor, p *Permutation) error {
 	rb := H * x.DType().Size()
 	word, ws := "w2", 2
 	switch {
-	case rb%16 == 0 && x.Ptr()%16 == 0 && xp.Ptr()%16 == 0:
+	case rb%16 == 0 && device.Aligned(16, x, xp):
 		word, ws = "w16", 16
-	case rb%4 == 0 && x.Ptr()%4 == 0 && xp.Ptr()%4 == 0:
+	case rb%4 == 0 && device.Aligned(4, x, xp):
 		word, ws = "w4", 4
 	}
 	nw := int64(rb / ws)
@@ -75,9 +75,9 @@ func zeroUnused(s *device.Stream, t *device.Tensor, p *Permutation) error {
 	rb := t.Bytes() / p.Rows
 	word, ws := "w2", 2
 	switch {
-	case rb%16 == 0 && t.Ptr()%16 == 0:
+	case rb%16 == 0 && device.Aligned(16, t):
 		word, ws = "w16", 16
-	case rb%4 == 0 && t.Ptr()%4 == 0:
+	case rb%4 == 0 && device.Aligned(4, t):
 		word, ws = "w4", 4
 	}
 	used, err := p.Offsets.View(p.Experts, 1)

@@ -58,7 +58,7 @@ type bwWeightDequantArgs struct {
 
 // bwVecOK reports whether 16-byte loads apply to x of rows of k elements.
 func bwVecOK(x *device.Tensor, k int) bool {
-	return !bwForceScalar && k%8 == 0 && x.Ptr()%16 == 0
+	return !bwForceScalar && k%8 == 0 && device.Aligned(16, x)
 }
 
 // bwSuffix names the scalar variant of a kernel.

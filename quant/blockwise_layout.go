@@ -167,8 +167,8 @@ func (c bwSizesCheck) record(st *device.Status, op int) {
 	}
 }
 
-// blockwiseStatusError returns the error of a record of a blockwise op, and nil for the
-// records of other ops: quant's decoder (statusError) asks it first.
+// blockwiseStatusError returns the error of a record of a blockwise op (statusError
+// dispatches them here), and nil for the records of other ops.
 func blockwiseStatusError(op, code int, v [3]int64) error {
 	var fn string
 	switch op {

@@ -30,8 +30,7 @@ var (
 // fastOK reports whether the fast kernel applies: K a multiple of 32, the source
 // 16-byte aligned, the data outputs 8-byte aligned (ColT 16-byte aligned).
 func fastOK(q *MXFP8, x *device.Tensor) bool {
-	al := func(t *device.Tensor, n uintptr) bool { return t == nil || t.Ptr()%n == 0 }
-	return !forceGeneral && q.K%blockSize == 0 && al(x, 16) && al(q.Row, 8) && al(q.Col, 8) && al(q.ColT, 16)
+	return !forceGeneral && q.K%blockSize == 0 && device.Aligned(16, x, q.ColT) && device.Aligned(8, q.Row, q.Col)
 }
 
 // fastSuffix names the fast kernel of q's outputs.

@@ -48,35 +48,35 @@ func gatherStatusError(op, code int, v [3]int64) error {
 	return fmt.Errorf("quant: %s: invalid index (code %d)", fn, code)
 }
 
-// GatherBlockwise returns, for an index I32[R] on s's device, the R rows of src's
-// rowwise form chosen by it: row r of the result is src's row index[r]/per, codes and
+// GatherBlockwise returns, for an index I32[R] on s's device, the R rows of q's
+// rowwise form chosen by it: row r of the result is q's row index[r]/per, codes and
 // scales, or where index[r] is -1 an all-zero row as quantizing one gives it (codes 0,
 // scale 1). per (≥ 1) is the number of copies of each source row that index numbers,
 // copy j of row i being i·per + j: 1 when index holds row numbers, K for the
 // assignments of a MoE layer's tokens to their top-K experts. The result is rowwise,
-// without groups, with src's format and scale kind, allocated on s; it is what
+// without groups, with q's format and scale kind, allocated on s; it is what
 // QuantizeBlockwise gives for the gathered source rows, bit for bit.
 //
-// src must hold its rowwise form (Dir Rowwise or Both, grouped or not). Entries of
-// index outside [-1, src.M·per) give zero rows and are recorded in st (the first one,
+// q must hold its rowwise form (Dir Rowwise or Both, grouped or not). Entries of
+// index outside [-1, q.M·per) give zero rows and are recorded in st (the first one,
 // as an error of st.Check), which must not be nil. Nothing waits for the device.
-func GatherBlockwise(s *device.Stream, src *Blockwise, index *device.Tensor, per int, st *device.Status) (*Blockwise, error) {
+func GatherBlockwise(s *device.Stream, q *Blockwise, index *device.Tensor, per int, st *device.Status) (*Blockwise, error) {
 	const fn = "GatherBlockwise"
-	R, err := checkGather(fn, s, src, index, per, st)
+	R, err := checkGather(fn, s, q, index, per, st)
 	if err != nil {
 		return nil, err
 	}
-	opt := BlockOptions{Format: src.Format, Scale: src.Scale, Dir: Rowwise}
-	dst, err := allocBlockwise(fn, s, R, src.K, opt, fmt.Sprintf("%d gathered rows of %d", R, src.K))
+	opt := BlockOptions{Format: q.Format, Scale: q.Scale, Dir: Rowwise}
+	dst, err := allocBlockwise(fn, s, R, q.K, opt, fmt.Sprintf("%d gathered rows of %d", R, q.K))
 	if err != nil {
 		return nil, err
 	}
-	sg, dg := src.alloc.g, dst.alloc.g
-	j := gatherJob{dq: dst.Row, sq: src.Row, index: index, per: per, m: src.M, k: src.K, st: st, op: opGatherBlockwise}
+	sg, dg := q.alloc.g, dst.alloc.g
+	j := gatherJob{dq: dst.Row, sq: q.Row, index: index, per: per, m: q.M, k: q.K, st: st, op: opGatherBlockwise}
 	if s.Device().IsCUDA() {
-		err = j.gpu(s, "dl_gather_bw", dg.mr, dst.RowScale, src.RowScale, int64(dg.mr), int64(sg.mr), int64(sg.nb))
+		err = j.gpu(s, "dl_gather_bw", dg.mr, dst.RowScale, q.RowScale, int64(dg.mr), int64(sg.mr), int64(sg.nb))
 	} else {
-		ds, ss := device.Slice[float32](dst.RowScale), device.Slice[float32](src.RowScale)
+		ds, ss := device.Slice[float32](dst.RowScale), device.Slice[float32](q.RowScale)
 		err = j.cpu(s, func(r, i int) {
 			for b := range sg.nb {
 				ds[b*dg.mr+r] = 1 // a zero block's scale
@@ -96,33 +96,36 @@ func GatherBlockwise(s *device.Stream, src *Blockwise, index *device.Tensor, per
 	return dst, nil
 }
 
-// GatherMXFP8 is GatherBlockwise for MXFP8: row r of the result is src's rowwise row
+// GatherMXFP8 is GatherBlockwise for MXFP8: row r of the result is q's rowwise row
 // index[r]/per, codes and E8M0 scales, or an all-zero row (codes 0, scale code 0) where
-// index[r] is -1. The result is rowwise, unswizzled, without groups, with src's format
+// index[r] is -1. The result is rowwise, unswizzled, without groups, with q's format
 // and mode, allocated on s: what Quantize gives for the gathered source rows, bit for
-// bit. src must hold its rowwise form, unswizzled and without groups (whose scale rows
+// bit. q must hold its rowwise form, unswizzled and without groups (whose scale rows
 // follow the groups' tiles).
-func GatherMXFP8(s *device.Stream, src *MXFP8, index *device.Tensor, per int, st *device.Status) (*MXFP8, error) {
+func GatherMXFP8(s *device.Stream, q *MXFP8, index *device.Tensor, per int, st *device.Status) (*MXFP8, error) {
 	const fn = "GatherMXFP8"
-	R, err := checkGather(fn, s, src, index, per, st)
+	R, err := checkGather(fn, s, q, index, per, st)
 	if err != nil {
 		return nil, err
 	}
-	if src.Swizzled || src.grouped {
-		return nil, fmt.Errorf("quant: %s: src's rowwise scales are swizzled (%v) or grouped (%v): want neither", fn, src.Swizzled, src.grouped)
+	switch {
+	case q.Swizzled:
+		return nil, fmt.Errorf("quant: %s: q's rowwise scales are swizzled: want plain ones (Options.Swizzle false)", fn)
+	case q.grouped:
+		return nil, fmt.Errorf("quant: %s: q has a grouped layout (its scale rows follow the groups' tiles): want q quantized without groups", fn)
 	}
-	opt := Options{Format: src.Format, Mode: src.Mode, Dir: Rowwise}
-	dst, err := alloc(fn, s, R, src.K, opt, fmt.Sprintf("%d gathered rows of %d", R, src.K))
+	opt := Options{Format: q.Format, Mode: q.Mode, Dir: Rowwise}
+	dst, err := alloc(fn, s, R, q.K, opt, fmt.Sprintf("%d gathered rows of %d", R, q.K))
 	if err != nil {
 		return nil, err
 	}
-	cp := src.g.cp
-	j := gatherJob{dq: dst.Row, sq: src.Row, index: index, per: per, m: src.M, k: src.K, st: st, op: opGatherMXFP8}
+	cp := q.g.cp
+	j := gatherJob{dq: dst.Row, sq: q.Row, index: index, per: per, m: q.M, k: q.K, st: st, op: opGatherMXFP8}
 	if s.Device().IsCUDA() {
 		rows := 32 * dst.g.ntiles
-		err = j.gpu(s, "dl_gather_mx", rows, dst.RowScale, src.RowScale, int64(rows), int64(cp), 0)
+		err = j.gpu(s, "dl_gather_mx", rows, dst.RowScale, q.RowScale, int64(rows), int64(cp), 0)
 	} else {
-		ds, ss := bytesOf(dst.RowScale), bytesOf(src.RowScale)
+		ds, ss := bytesOf(dst.RowScale), bytesOf(q.RowScale)
 		err = j.cpu(s, func(r, i int) {
 			if i < 0 {
 				clear(ds[r*cp : (r+1)*cp]) // a zero block's scale code, 0
@@ -220,7 +223,7 @@ func (j gatherJob) gpu(s *device.Stream, name string, rows int, ds, ss *device.T
 		return nil
 	}
 	vec := "_w1"
-	if j.k%16 == 0 && j.dq.Ptr()%16 == 0 && j.sq.Ptr()%16 == 0 {
+	if j.k%16 == 0 && device.Aligned(16, j.dq, j.sq) {
 		vec = "_w16"
 	}
 	kern, err := s.Device().Kernel(gatherKernels, name+vec)

@@ -203,15 +203,46 @@ func TestGatherBadIndex(t *testing.T) {
 	})
 }
 
+// gatherBadCases are the bad-argument cases both gathers share, for gather on the
+// source q (Dir Rowwise), its freed twin and its columnwise form cols, named with pfx.
+func gatherBadCases[Q any](pfx string, gather func(*device.Stream, *Q, *device.Tensor, int, *device.Status) (*Q, error),
+	s *device.Stream, q, freedQ, cols *Q, ix, f32ix, ix2, freedIx *device.Tensor, st, freedSt *device.Status) []gatherBadCase {
+	call := func(s *device.Stream, q *Q, ix *device.Tensor, per int, st *device.Status) func() error {
+		return func() error { _, err := gather(s, q, ix, per, st); return err }
+	}
+	return []gatherBadCase{
+		{pfx + " nil stream", call(nil, q, ix, 1, st), "nil stream"},
+		{pfx + " nil src", call(s, nil, ix, 1, st), "q is nil"},
+		{pfx + " freed src", call(s, freedQ, ix, 1, st), "freed"},
+		{pfx + " columnwise src", call(s, cols, ix, 1, st), "q.Row is nil"},
+		{pfx + " nil index", call(s, q, nil, 1, st), "index"},
+		{pfx + " f32 index", call(s, q, f32ix, 1, st), "want i32[R]"},
+		{pfx + " 2-d index", call(s, q, ix2, 1, st), "want i32[R]"},
+		{pfx + " freed index", call(s, q, freedIx, 1, st), "freed"},
+		{pfx + " per 0", call(s, q, ix, 0, st), "per = 0"},
+		{pfx + " per -1", call(s, q, ix, -1, st), "per = -1"},
+		{pfx + " per past int32", call(s, q, ix, math.MaxInt32+1, st), "per = 2147483648"},
+		{pfx + " nil status", call(s, q, ix, 1, nil), "st is nil"},
+		{pfx + " freed status", call(s, q, ix, 1, freedSt), "st"},
+		{pfx + " unmade status", call(s, q, ix, 1, &device.Status{}), "st"},
+	}
+}
+
+type gatherBadCase struct {
+	name string
+	call func() error
+	want string
+}
+
 // TestGatherBadArgs checks the gathers' errors for bad arguments.
 func TestGatherBadArgs(t *testing.T) {
 	s := device.CPU().Stream()
-	al := func(typ device.DType, shape ...int) *device.Tensor { return dt.Must(s.Alloc(typ, shape...)) }
-	freed := func(typ device.DType, shape ...int) *device.Tensor { return dt.Freed(t, s, typ, shape...) }
 	x := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(730), 8*64, 1), 8, 64))
 	gs := dt.Must(device.FromSlice(s, device.I32, []int32{8}, 1))
-	defer device.FreeAll(x, gs)
 	ix := dt.Must(device.FromSlice(s, device.I32, []int32{0, 1, -1}, 3))
+	f32ix, ix2 := dt.Must(s.Alloc(device.F32, 3)), dt.Must(s.Alloc(device.I32, 3, 1))
+	freedIx := dt.Freed(t, s, device.I32, 3)
+	defer device.FreeAll(x, gs, ix, f32ix, ix2)
 	st := dt.Must(device.NewStatus(s))
 	defer st.Free()
 	bw := dt.Must(QuantizeBlockwise(s, x, BlockOptions{}))
@@ -225,45 +256,12 @@ func TestGatherBadArgs(t *testing.T) {
 	dt.NoErr(t, freeAllOf(freedBw, freedMx))
 	defer freeAllOf(bw, bwCols, mx, mxSwz, mxGrp, mxCols)
 	freedSt := dt.FreedStatus(t, s)
-	bwCall := func(s *device.Stream, q *Blockwise, ix *device.Tensor, per int, st *device.Status) func() error {
-		return func() error { _, err := GatherBlockwise(s, q, ix, per, st); return err }
-	}
-	mxCall := func(s *device.Stream, q *MXFP8, ix *device.Tensor, per int, st *device.Status) func() error {
-		return func() error { _, err := GatherMXFP8(s, q, ix, per, st); return err }
-	}
-	for _, c := range []struct {
-		name string
-		call func() error
-		want string
-	}{
-		{"bw nil stream", bwCall(nil, bw, ix, 1, st), "nil stream"},
-		{"bw nil src", bwCall(s, nil, ix, 1, st), "q is nil"},
-		{"bw freed src", bwCall(s, freedBw, ix, 1, st), "freed"},
-		{"bw columnwise src", bwCall(s, bwCols, ix, 1, st), "q.Row is nil"},
-		{"bw nil index", bwCall(s, bw, nil, 1, st), "index"},
-		{"bw f32 index", bwCall(s, bw, al(device.F32, 3), 1, st), "want i32[R]"},
-		{"bw 2-d index", bwCall(s, bw, al(device.I32, 3, 1), 1, st), "want i32[R]"},
-		{"bw freed index", bwCall(s, bw, freed(device.I32, 3), 1, st), "freed"},
-		{"bw per 0", bwCall(s, bw, ix, 0, st), "per = 0"},
-		{"bw per past int32", bwCall(s, bw, ix, math.MaxInt32+1, st), "per = 2147483648"},
-		{"bw nil status", bwCall(s, bw, ix, 1, nil), "st is nil"},
-		{"bw freed status", bwCall(s, bw, ix, 1, freedSt), "st"},
-		{"bw unmade status", bwCall(s, bw, ix, 1, &device.Status{}), "st"},
-		{"mx nil stream", mxCall(nil, mx, ix, 1, st), "nil stream"},
-		{"mx nil src", mxCall(s, nil, ix, 1, st), "q is nil"},
-		{"mx freed src", mxCall(s, freedMx, ix, 1, st), "freed"},
-		{"mx columnwise src", mxCall(s, mxCols, ix, 1, st), "q.Row is nil"},
-		{"mx swizzled src", mxCall(s, mxSwz, ix, 1, st), "swizzled"},
-		{"mx grouped src", mxCall(s, mxGrp, ix, 1, st), "grouped"},
-		{"mx nil index", mxCall(s, mx, nil, 1, st), "index"},
-		{"mx f32 index", mxCall(s, mx, al(device.F32, 3), 1, st), "want i32[R]"},
-		{"mx 2-d index", mxCall(s, mx, al(device.I32, 3, 1), 1, st), "want i32[R]"},
-		{"mx freed index", mxCall(s, mx, freed(device.I32, 3), 1, st), "freed"},
-		{"mx per 0", mxCall(s, mx, ix, 0, st), "per = 0"},
-		{"mx per -1", mxCall(s, mx, ix, -1, st), "per = -1"},
-		{"mx nil status", mxCall(s, mx, ix, 1, nil), "st is nil"},
-		{"mx freed status", mxCall(s, mx, ix, 1, freedSt), "st"},
-	} {
+	cases := gatherBadCases("bw", GatherBlockwise, s, bw, freedBw, bwCols, ix, f32ix, ix2, freedIx, st, freedSt)
+	cases = append(cases, gatherBadCases("mx", GatherMXFP8, s, mx, freedMx, mxCols, ix, f32ix, ix2, freedIx, st, freedSt)...)
+	cases = append(cases,
+		gatherBadCase{"mx swizzled src", func() error { _, err := GatherMXFP8(s, mxSwz, ix, 1, st); return err }, "swizzled"},
+		gatherBadCase{"mx grouped src", func() error { _, err := GatherMXFP8(s, mxGrp, ix, 1, st); return err }, "grouped"})
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { dt.WantError(t, c.call, c.want) })
 	}
 }

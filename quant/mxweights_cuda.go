@@ -32,7 +32,7 @@ func quantizeMXFP8WeightsGPU(s *device.Stream, q *MXFP8Weights, w *device.Tensor
 		return nil
 	}
 	suffix := ""
-	if forceGeneral || w.Ptr()%16 != 0 {
+	if forceGeneral || !device.Aligned(16, w) {
 		suffix = "_scalar"
 	}
 	k, err := s.Device().Kernel(program, fmt.Sprintf("dl_mxw_%s_%s%s", w.DType(), q.Format, suffix))

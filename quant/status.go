@@ -17,13 +17,15 @@ const (
 
 func init() { device.RegisterStatus(statusDomain, statusError) }
 
-// statusError returns the error of a record of group-size validation.
+// statusError returns the error of a record of one of quant's ops: the blockwise
+// quantizations' and the gathers' by their own decoders, MXFP8's group-size validation
+// here.
 func statusError(op, code int, v [3]int64) error {
-	if err := blockwiseStatusError(op, code, v); err != nil {
-		return err
-	}
-	if err := gatherStatusError(op, code, v); err != nil {
-		return err
+	switch op {
+	case opQuantizeBlockwise, opQuantizeBlockwiseInto:
+		return blockwiseStatusError(op, code, v)
+	case opGatherBlockwise, opGatherMXFP8:
+		return gatherStatusError(op, code, v)
 	}
 	switch code {
 	case statusNegative:

@@ -53,7 +53,7 @@ func rowVec(H int, ts ...*device.Tensor) bool {
 		return false
 	}
 	for _, t := range ts {
-		if t.Ptr()%uintptr(4*t.DType().Size()) != 0 {
+		if !device.Aligned(4*t.DType().Size(), t) {
 			return false
 		}
 	}

@@ -51,15 +51,14 @@ type stepMarks struct {
 	evs   []*device.Event
 	names []string
 	n     int
-	side  []sideMark // spans of work on another stream, as begun and ended; side[:ns] this step's
+	side  []sideSpan // spans of work on another stream; side[:ns] this step's
 	ns    int
 }
 
-// sideMark is the begin or end of a span of work called name on another stream.
-type sideMark struct {
-	ev    *device.Event
-	name  string
-	begin bool
+// sideSpan is a span of work called name on another stream, between two events.
+type sideSpan struct {
+	name       string
+	start, end *device.Event
 }
 
 // mark records the end of the stage called name (the start of the step for the first
@@ -80,43 +79,44 @@ func (t *stepMarks) mark(s *device.Stream, name string) error {
 	return nil
 }
 
-// markSide records the begin (or the end) of the work called name on the stream s,
-// beside the step's stages.
-func (t *stepMarks) markSide(s *device.Stream, name string, begin bool) error {
+// onSide runs work, the span called name, on the stream s beside the step's stages,
+// between two events that sideStages reads.
+func (t *stepMarks) onSide(s *device.Stream, name string, work func() error) error {
 	if t.ns == len(t.side) {
-		e, err := s.Device().NewEvent()
-		if err != nil {
+		var sp sideSpan
+		var err error
+		if sp.start, err = s.Device().NewEvent(); err != nil {
 			return err
 		}
-		t.side = append(t.side, sideMark{ev: e})
+		if sp.end, err = s.Device().NewEvent(); err != nil {
+			return errors.Join(err, sp.start.Close())
+		}
+		t.side = append(t.side, sp)
 	}
-	m := &t.side[t.ns]
-	m.name, m.begin = name, begin
+	sp := &t.side[t.ns]
+	sp.name = name
 	t.ns++
-	return m.ev.Record(s)
+	if err := sp.start.Record(s); err != nil {
+		return err
+	}
+	if err := work(); err != nil {
+		return err
+	}
+	return sp.end.Record(s)
 }
 
-// sideStages waits for the spans markSide began and ended and returns their times.
+// sideStages waits for the step's spans of onSide and returns their times.
 func (t *stepMarks) sideStages() ([]stageTime, error) {
 	var out []stageTime
-	side := t.side[:t.ns]
-	for i, b := range side {
-		if !b.begin {
-			continue
+	for _, sp := range t.side[:t.ns] {
+		if err := sp.end.Synchronize(); err != nil {
+			return nil, err
 		}
-		for _, e := range side[i+1:] {
-			if e.name == b.name && !e.begin {
-				if err := e.ev.Synchronize(); err != nil {
-					return nil, err
-				}
-				d, err := e.ev.Since(b.ev)
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, stageTime{b.name, d})
-				break
-			}
+		d, err := sp.end.Since(sp.start)
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, stageTime{sp.name, d})
 	}
 	return out, nil
 }
@@ -151,8 +151,8 @@ func (t *stepMarks) close() error {
 	for _, e := range t.evs {
 		errs = append(errs, e.Close())
 	}
-	for _, m := range t.side {
-		errs = append(errs, m.ev.Close())
+	for _, sp := range t.side {
+		errs = append(errs, sp.start.Close(), sp.end.Close())
 	}
 	return errors.Join(errs...)
 }

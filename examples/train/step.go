@@ -292,12 +292,11 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 	if err := m.adam.step(m.s, h, m.Step); err != nil {
 		return err
 	}
-	for _, t := range m.adamExp {
-		if !m.serialAdam {
-			break
-		}
-		if err := t.step(m.s, h, m.Step); err != nil {
-			return err
+	if m.serialAdam {
+		for _, t := range m.adamExp {
+			if err := t.step(m.s, h, m.Step); err != nil {
+				return err
+			}
 		}
 	}
 	if err := join(); err != nil {
@@ -314,7 +313,8 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 // soon as the backward on the model's stream has made their gradients (which no rank sums
 // with another's), so that it overlaps the backward of the layers below and what follows
 // it: where the model's stream has the GPU's priority (the training loop's, without
-// expert parallelism), the step's blocks fill what its kernels leave. The results are those of one step over every parameter at the end, bit for bit.
+// expert parallelism), the step's blocks fill what its kernels leave. The results are
+// those of one step over every parameter at the end, bit for bit.
 func (m *Model) stepExperts(l int, h adamHyper) error {
 	if err := m.evGrad[l].Record(m.s); err != nil {
 		return err
@@ -322,18 +322,11 @@ func (m *Model) stepExperts(l int, h adamHyper) error {
 	if err := m.side.Wait(m.evGrad[l]); err != nil {
 		return err
 	}
-	if m.tl != nil {
-		if err := m.tl.markSide(m.side, layerStage(l, stageAdamWExp), true); err != nil {
-			return err
-		}
+	step := func() error { return m.adamExp[l].step(m.side, h, m.Step) }
+	if m.tl == nil {
+		return step()
 	}
-	if err := m.adamExp[l].step(m.side, h, m.Step); err != nil {
-		return err
-	}
-	if m.tl != nil {
-		return m.tl.markSide(m.side, layerStage(l, stageAdamWExp), false)
-	}
-	return nil
+	return m.tl.onSide(m.side, layerStage(l, stageAdamWExp), step)
 }
 
 func (m *Model) statsRow(l int) *device.Tensor {
