@@ -75,8 +75,9 @@ func TestGradients(t *testing.T) {
 				ws := dt.Must(m.workspace(B))
 				tt := dt.Must(device.FromSlice(s, device.I32, tok, B, cfg.Window+1))
 				defer tt.Free()
+				dt.NoErr(t, m.groupEmbed(ws, tt))
 				acts := dt.Must(m.forward(ws, tt, ws.trainLoss, true, m.layers))
-				dt.NoErr(t, m.backward(ws, tt, acts, nil))
+				dt.NoErr(t, m.backward(ws, acts, nil))
 				loss := func() float64 { return dt.Must(m.evalLoss([][]int32{tok})) }
 				r := dt.Rand(13)
 				const eps = 1e-3
@@ -378,6 +379,7 @@ func TestProfile(t *testing.T) {
 	_, out := runOK(t, o)
 	want := []string{"profile of step 4", stageEmbed, layerStage(1, stageMoEFwd), layerStage(0, stageAddNorm), stageOutput,
 		stageOutputBwd, layerStage(0, stageMoEBwd), layerStage(1, stageNormBwd), stageEmbedBwd, stageGradSum, stageAdamW,
+		stageEmbedSort, layerStage(1, stageAdamWExp), // on the second stream
 		"MoE layers", "TFLOP/s", "GB/s", "ms/step (MoE", "GFLOP/s", "MFU: none"}
 	for _, w := range want {
 		if !strings.Contains(out, w) {
@@ -596,17 +598,19 @@ func TestOutputWeightGrad(t *testing.T) {
 	})
 }
 
-// TestSideStreamAdamW trains a few steps with the experts' AdamW on the side stream as
-// each layer's backward ends and with every step at the end on the model's stream: the
-// parameters and moments agree bit for bit.
-func TestSideStreamAdamW(t *testing.T) {
+// TestSideStream trains a few steps with the side stream's work there (the embedding
+// gradient's grouping beside the forward, the experts' AdamW as each layer's backward
+// ends) and with all of it on the model's stream (the grouping before the forward, every
+// AdamW step at the end), in bf16 (the embedding's gradient reading the bf16 copy of the
+// residual's): the parameters and moments agree bit for bit.
+func TestSideStream(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 16, FFN: 8, SharedFFN: 4, Experts: 4, TopK: 2, Layers: 2}
 		h := adamHyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
 		var ref [][]float32
 		for _, serial := range []bool{true, false} {
 			m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: device.BF16, Moments: device.BF16}))
-			m.serialAdam = serial
+			m.serialSide = serial
 			const B = 64
 			for step := range 3 {
 				tok := randTokens(uint64(20+step), B*(cfg.Window+1), cfg.Vocab, false)

@@ -90,7 +90,7 @@ type modelOptions struct {
 	// (the zero value: in the compute dtype) or an FP8 recipe, whose layers cache their
 	// W1 and W2 quantized until the model invalidates them (after each AdamW step).
 	Precision moe.Precision
-	Stream    *device.Stream     // the stream of every op but the experts' AdamW steps, on a second stream the model makes (nil: the device's default stream)
+	Stream    *device.Stream     // the stream of every op but the embedding gradient's grouping and the experts' AdamW steps, on a second stream the model makes (nil: the device's default stream)
 	Dist      *dist              // the ranks training the model together (nil: one)
 	Offload   *offload.Offloader // where the MoE layers' activations go during training (nil: nowhere)
 }
@@ -102,10 +102,11 @@ type modelOptions struct {
 // MoE layers and the output projection read BF16 copies of their weights, which AdamW
 // refreshes; with an FP8 precision (modelOptions.Precision) the MoE layers quantize their
 // experts' weights anew after each step. Every op is enqueued on the model's stream but
-// the AdamW steps of the experts' weights, which go to a second stream as each layer's
-// backward ends and which the model's stream waits for before the step ends. Over
-// R ranks each holds E/R experts of every layer and a replica of every other parameter,
-// whose gradients it sums with the other ranks'.
+// two kinds, which go to a second stream that the model's stream waits for before the
+// step ends: the embedding gradient's grouping of the batch's rows by token, at the start
+// of the step (beside the forward), and the AdamW steps of the experts' weights, as each
+// layer's backward ends. Over R ranks each holds E/R experts of every layer and a replica
+// of every other parameter, whose gradients it sums with the other ranks'.
 type Model struct {
 	Config ModelConfig
 	Step   int // optimizer steps taken
@@ -129,10 +130,12 @@ type Model struct {
 	dpRecv     *device.Tensor  // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
 	adam       *adamTable      // the parameters but the experts'
 	adamExp    []*adamTable    // each layer's experts' W1 and W2, stepped on side as the backward finishes the layer
-	side       *device.Stream  // the experts' AdamW steps, beside s
+	side       *device.Stream  // the embedding gradient's grouping and the experts' AdamW steps, beside s
+	evBatch    *device.Event   // the step's batch on the device, on s: side's grouping waits for it
+	evGroup    *device.Event   // the step's grouping done (on side, or on s with serialSide): the embedding's sums wait for it
 	evGrad     []*device.Event // each layer's expert gradients done, on s
-	evSide     *device.Event   // side's steps done
-	serialAdam bool            // step the experts too at the end, on s (tests compare)
+	evSide     *device.Event   // side's work done
+	serialSide bool            // the side stream's work on s instead, in order: the grouping before the forward, the experts' AdamW at the end (tests compare)
 	stats      *device.Tensor  // I64[L, E+1]: each layer's load per expert, then dropped assignments
 	epDropped  []int64         // rows each layer dropped for capacity (expert-parallel), since takeStats
 	ws         *workspace
@@ -172,7 +175,8 @@ type workspace struct {
 	dh                *device.Tensor   // F32 [B, H]: gradient of the residual stream
 	dhc               *device.Tensor   // its copy in the compute dtype (nil for F32: dh itself)
 	dxn               *device.Tensor   // [B, H]: gradient of a norm's output
-	perm, offs        *device.Tensor   // I32 [W, B], [W, V+1]: the embedding gradient's grouping
+	perm, offs        *device.Tensor   // I32 [W, B], [W, V+1]: the embedding gradient's grouping (Model.groupEmbed)
+	grouped           bool             // groupEmbed enqueued the grouping of the batch being trained, which backward's sums read (and clear)
 	outSizes          *device.Tensor   // I32 [P]: the row parts of the output projection's weight gradient (nil for P = 1)
 	outParts          *device.Tensor   // F32 [P, H, V]: each part's weight gradient, summed into out.g
 	evTok             *device.Tensor   // I32 [B, W+1]: a held-out batch
@@ -339,8 +343,10 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if m.side, err = d.NewStream(); err != nil {
 		return nil, m.freeAfter(err)
 	}
-	if m.evSide, err = d.NewEvent(); err != nil {
-		return nil, m.freeAfter(err)
+	for _, e := range []**device.Event{&m.evSide, &m.evBatch, &m.evGroup} {
+		if *e, err = d.NewEvent(); err != nil {
+			return nil, m.freeAfter(err)
+		}
 	}
 	for _, ps := range adamExp {
 		t, err := newAdamTable(s, ps)
@@ -433,7 +439,7 @@ func (m *Model) Free() error {
 	for _, t := range m.adamExp {
 		errs = append(errs, t.Free())
 	}
-	for _, e := range append(m.evGrad, m.evSide) {
+	for _, e := range append(m.evGrad, m.evSide, m.evBatch, m.evGroup) {
 		if e != nil {
 			errs = append(errs, e.Close())
 		}
@@ -443,6 +449,7 @@ func (m *Model) Free() error {
 		errs = append(errs, g.Close())
 	}
 	m.params, m.groups, m.adam, m.adamExp, m.side, m.evGrad, m.evSide = nil, nil, nil, nil, nil, nil, nil
+	m.evBatch, m.evGroup = nil, nil
 	return errors.Join(errs...)
 }
 

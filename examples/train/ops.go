@@ -32,8 +32,8 @@ const (
 // rmsEps is the ε of the RMS normalization.
 const rmsEps = 1e-6
 
-// maxVocab bounds the vocabulary: tr_embed_sort keeps 9 ints per token id in shared
-// memory.
+// maxVocab bounds the vocabulary: tr_embed_sort (embedGroup) keeps 9 ints per token id in
+// shared memory.
 const maxVocab = 4096
 
 func launch(s *device.Stream, name string, grid device.Dim3, smem int, args ...any) error {
@@ -381,64 +381,124 @@ func softmaxCE(s *device.Stream, loss, dlogits, logits, tok *device.Tensor, col 
 	})
 }
 
-// embedBackward computes the embedding table's gradient demb[w·V+v, :] = Σ_{b: tok[b,w]=v}
-// dh[b,:], for demb F32[W·V,H] and dh F32[B,H], on s. The n rows b of an entry, in
-// increasing b, are cut into embParts parts of ceil(n/embParts) rows (the last ones shorter
-// or empty); each part is summed in order from zero, and the parts' sums are added in order:
-// the GPU's warps add up the parts at once, with the CPU's result bit for bit. On a GPU it
-// first groups each position's rows by token (a stable counting sort) into perm I32[W,B]
-// and offs I32[W,V+1], scratch that the CPU does not use.
-func embedBackward(s *device.Stream, demb, dh, tok, perm, offs *device.Tensor, W, V int) error {
-	if err := dh.CheckShape(s, "embedBackward dh", device.F32, -1, -1); err != nil {
+// embedGroup groups the rows of each embedding position by token, the stable counting sort
+// that embedBackward's sums read: for perm I32[W,B], offs I32[W,V+1] and tok I32[B,ld]
+// (ld > W), perm[w·B + i] for i in [offs[w·(V+1) + v], offs[w·(V+1) + v + 1]) are the rows
+// b with tok[b,w] = v in increasing b; ids outside [0,V) are left out, and perm[w·B + i] for
+// i ≥ offs[w·(V+1) + V] is left as it was. On s; it reads tok alone, so it can run beside
+// the forward, on a stream of its own.
+func embedGroup(s *device.Stream, perm, offs, tok *device.Tensor, W, V int) error {
+	if err := perm.CheckShape(s, "embedGroup perm", device.I32, W, -1); err != nil {
 		return err
 	}
-	B, H := dh.Dim(0), dh.Dim(1)
-	if err := demb.CheckShape(s, "embedBackward demb", device.F32, W*V, H); err != nil {
+	B := perm.Dim(1)
+	if err := offs.CheckShape(s, "embedGroup offs", device.I32, W, V+1); err != nil {
 		return err
 	}
-	if err := checkTokens(s, "embedBackward tok", tok, B, W); err != nil {
+	if err := checkTokens(s, "embedGroup tok", tok, B, W); err != nil {
 		return err
 	}
 	if V > maxVocab {
-		return fmt.Errorf("embedBackward: vocabulary of %d, want at most %d", V, maxVocab)
+		return fmt.Errorf("embedGroup: vocabulary of %d, want at most %d", V, maxVocab)
 	}
 	ld := tok.Dim(1)
 	if s.Device().IsCUDA() {
-		if err := perm.CheckShape(s, "embedBackward perm", device.I32, W, B); err != nil {
+		if W == 0 {
+			return nil
+		}
+		// One block of 256 threads per position.
+		return launch(s, "tr_embed_sort", device.D1(W), (9*V+1)*4, perm, offs, tok, int32(B), int32(ld), int32(V))
+	}
+	return s.EnqueueCPU(func() {
+		pv, ov, tv := device.Slice[int32](perm), device.Slice[int32](offs), device.Slice[int32](tok)
+		par.Each(W, func(w int) {
+			base := ov[w*(V+1) : (w+1)*(V+1)]
+			clear(base)
+			for b := range B {
+				if v := int(tv[b*ld+w]); v >= 0 && v < V {
+					base[v+1]++
+				}
+			}
+			for v := range V {
+				base[v+1] += base[v]
+			}
+			next := append([]int32(nil), base[:V]...) // each token's next place
+			for b := range B {
+				if v := int(tv[b*ld+w]); v >= 0 && v < V {
+					pv[w*B+int(next[v])] = int32(b)
+					next[v]++
+				}
+			}
+		})
+	})
+}
+
+// embedBackward computes the embedding table's gradient demb[w·V+v, :] = Σ_{b: tok[b,w]=v}
+// dh[b,:] from embedGroup's grouping of tok, perm I32[W,B] and offs I32[W,V+1], for demb
+// F32[W·V,H] and dh F32 or BF16 [B,H] (bf16 widened to f32 exactly; the sums are f32), on
+// s. The n rows b of an entry, in increasing b, are cut into embParts parts of
+// ceil(n/embParts) rows (the last ones shorter or empty); each part is summed in order from
+// zero, and the parts' sums are added in order: the GPU's warps add up the parts at once,
+// with the CPU's result bit for bit.
+func embedBackward(s *device.Stream, demb, dh, perm, offs *device.Tensor, W, V int) error {
+	dt := dh.DType()
+	if err := computeType("embedBackward dh", dt); err != nil {
+		return err
+	}
+	if err := dh.CheckShape(s, "embedBackward dh", dt, -1, -1); err != nil {
+		return err
+	}
+	B, H := dh.Dim(0), dh.Dim(1)
+	for _, c := range []struct {
+		what  string
+		t     *device.Tensor
+		dt    device.DType
+		shape []int
+	}{
+		{"embedBackward demb", demb, device.F32, []int{W * V, H}},
+		{"embedBackward perm", perm, device.I32, []int{W, B}},
+		{"embedBackward offs", offs, device.I32, []int{W, V + 1}},
+	} {
+		if err := c.t.CheckShape(s, c.what, c.dt, c.shape...); err != nil {
 			return err
 		}
-		if err := offs.CheckShape(s, "embedBackward offs", device.I32, W, V+1); err != nil {
-			return err
-		}
+	}
+	if s.Device().IsCUDA() {
 		if W*V == 0 || H == 0 {
 			return nil
 		}
-		if err := launch(s, "tr_embed_sort", device.D1(W), (9*V+1)*4, perm, offs, tok, int32(B), int32(ld), int32(V)); err != nil {
-			return err
-		}
 		// A block of tr_embed_bwd is embParts warps: threads = 32·embParts.
-		return launch(s, "tr_embed_bwd", device.Dim3{X: W * V, Y: (H + embCols - 1) / embCols, Z: 1}, 0,
+		return launch(s, "tr_embed_bwd_"+dt.String(), device.Dim3{X: W * V, Y: (H + embCols - 1) / embCols, Z: 1}, 0,
 			demb, dh, perm, offs, int32(B), int32(V), int32(H))
 	}
 	return s.EnqueueCPU(func() {
-		dv, gv, tv := device.Slice[float32](demb), device.Slice[float32](dh), device.Slice[int32](tok)
+		dv, pv, ov := device.Slice[float32](demb), device.Slice[int32](perm), device.Slice[int32](offs)
+		var gf []float32
+		var gh []uint16
+		if dt == device.BF16 {
+			gh = device.Slice[uint16](dh)
+		} else {
+			gf = device.Slice[float32](dh)
+		}
 		// Each position w owns its rows of demb: positions in parallel.
 		par.Each(W, func(w int) {
-			rows := make([][]int, V) // each token's rows b at w, in increasing b
-			for b := range B {
-				if v := int(tv[b*ld+w]); v >= 0 && v < V {
-					rows[v] = append(rows[v], b)
-				}
-			}
 			part := make([]float32, H)
-			for v, bs := range rows {
+			for v := range V {
+				lo, hi := int(ov[w*(V+1)+v]), int(ov[w*(V+1)+v+1])
+				bs := pv[w*B+lo : w*B+hi]          // the token's rows b at w, in increasing b
 				out := dv[(w*V+v)*H : (w*V+v+1)*H] // part 0 is copied over it, the others added
 				q := (len(bs) + embParts - 1) / embParts
 				for p := range embParts {
 					clear(part)
 					for _, b := range bs[min(p*q, len(bs)):min((p+1)*q, len(bs))] {
-						for j, x := range gv[b*H : (b+1)*H] {
-							part[j] += x
+						if gf != nil {
+							for j, x := range gf[int(b)*H : (int(b)+1)*H] {
+								part[j] += x
+							}
+							continue
+						}
+						for j, x := range gh[int(b)*H : (int(b)+1)*H] {
+							part[j] += device.BF16ToFloat32(x)
 						}
 					}
 					if p == 0 {

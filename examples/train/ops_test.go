@@ -197,28 +197,57 @@ func testOps(t *testing.T, s *device.Stream, r *rand.Rand, typ device.DType, B, 
 		}
 	}
 
-	// embedBackward: each entry the f32 sum of its rows in increasing b, cut into embParts
-	// parts summed one by one and then in order, bit for bit. Token 0 is made frequent, so
-	// that its entries have rows in every part.
+	// embedGroup: each position's rows grouped by token in increasing b, ids outside [0, V)
+	// left out, perm past the grouped rows untouched. Token 0 is made frequent, so that its
+	// entries have rows in every part of embedBackward's sums.
 	for b := 0; b < B; b += 3 {
 		tokv[b*ld] = 0
 	}
 	tok = dt.Must(device.FromSlice(s, device.I32, tokv, B, ld))
 	ts.Add(tok)
-	dhv := dt.Normal(r, B*H, 1)
-	dh := up(t, s, dhv, B, H)
-	ts.Add(dh)
-	demb, perm, offs := alloc(device.F32, W*V, H), alloc(device.I32, W, B), alloc(device.I32, W, V+1)
-	dt.NoErr(t, embedBackward(s, demb, dh, tok, perm, offs, W, V))
+	perm, offs := alloc(device.I32, W, B), alloc(device.I32, W, V+1)
+	dt.NoErr(t, embedGroup(s, perm, offs, tok, W, V))
+	rows := make([][][]int, W) // each position's rows of each token, in increasing b
+	wantPerm, wantOffs := make([]int32, W*B), make([]int32, 0, W*(V+1))
+	for w := range W {
+		rows[w] = make([][]int, V)
+		for b := range B {
+			if v := int(tokv[b*ld+w]); v >= 0 && v < V {
+				rows[w][v] = append(rows[w][v], b)
+			}
+		}
+		i := 0
+		for v := range V {
+			wantOffs = append(wantOffs, int32(i))
+			for _, b := range rows[w][v] {
+				wantPerm[w*B+i] = int32(b)
+				i++
+			}
+		}
+		wantOffs = append(wantOffs, int32(i))
+		for ; i < B; i++ {
+			wantPerm[w*B+i] = -1 // the poison, left as it was
+		}
+	}
+	gotPerm, gotOffs := make([]int32, W*B), make([]int32, W*(V+1))
+	dt.NoErr(t, device.Download(s, perm, gotPerm))
+	dt.NoErr(t, device.Download(s, offs, gotOffs))
+	if diff := cmp.Diff(wantOffs, gotOffs); diff != "" {
+		t.Errorf("embedGroup offs (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantPerm, gotPerm); diff != "" {
+		t.Errorf("embedGroup perm (-want +got):\n%s", diff)
+	}
+
+	// embedBackward from the grouping, dh in the compute dtype (bf16 widened exactly): each
+	// entry the f32 sum of its rows in increasing b, cut into embParts parts summed one by
+	// one and then in order, bit for bit.
+	dh, dhv := keep(upT(t, s, typ, dt.Normal(r, B*H, 1), B, H))
+	demb := alloc(device.F32, W*V, H)
+	dt.NoErr(t, embedBackward(s, demb, dh, perm, offs, W, V))
 	want := make([]float32, W*V*H)
 	for w := range W {
-		for v := range V {
-			var bs []int
-			for b := range B {
-				if int(tokv[b*ld+w]) == v {
-					bs = append(bs, b)
-				}
-			}
+		for v, bs := range rows[w] {
 			q := (len(bs) + embParts - 1) / embParts
 			for p := range embParts {
 				part := make([]float32, H)

@@ -13,6 +13,7 @@ import (
 
 // The stages of a training step, in order; a layer's stages are prefixed with "L<l> ".
 const (
+	stageEmbedSort = "embed sort"    // the grouping of the batch's rows by token that the embedding's gradient reads, on the side stream beside the forward
 	stageEmbed     = "embed+norm"    // embedding and the first norm
 	stageMoEFwd    = "moe fwd"       // a layer's MoE forward
 	stageAddNorm   = "add+norm"      // its residual add and the next norm
@@ -21,7 +22,7 @@ const (
 	stageOutputBwd = "output bwd"    // output projection's gradients and the last norm's
 	stageMoEBwd    = "moe bwd"       // a layer's MoE backward
 	stageNormBwd   = "norm bwd"      // the gradient of its norm, added to the residual's
-	stageEmbedBwd  = "embed bwd"     // the embedding table's gradient
+	stageEmbedBwd  = "embed bwd"     // the embedding table's gradient: each table row's sum over its rows
 	stageGradSum   = "grad sum"      // replicated parameters' gradients summed over the ranks
 	stageAdamW     = "adamw"         // the optimizer step of the parameters but the experts'
 	stageAdamWExp  = "adamw experts" // a layer's experts' optimizer step, on the side stream
@@ -305,8 +306,10 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 		return 2 * moeFwd, 0
 	case stageNormBwd:
 		return 0, b * H * (e + 4 + 4 + 4 + e)
+	case stageEmbedSort:
+		return 0, 4 * (2*W*b + W*b + W*(V+1)) // tok's column read twice, perm and offs written
 	case stageEmbedBwd:
-		return 0, 4 * (W*b*H + W*V*H)
+		return 0, W*b*(e*H+4) + 4*W*V*H // each row read W times (in the compute dtype) through perm
 	case stageAdamW:
 		return 0, m.adam.bytes()
 	case stageAdamWExp:
@@ -349,7 +352,7 @@ func (m *Model) printProfile(w io.Writer, st, side []stageTime, B int, host time
 	fmt.Fprintf(w, "  %-16s %10.3f %6.1f%%  MoE layers %.3f ms, the rest %.3f ms; host %.3f ms to enqueue the step\n",
 		"step", total.Seconds()*1e3, 100.0, moe.Seconds()*1e3, (total-moe).Seconds()*1e3, host.Seconds()*1e3)
 	if len(side) > 0 {
-		fmt.Fprintf(w, "  on a second stream, overlapping the stages after each layer's backward (part of their time above):\n")
+		fmt.Fprintf(w, "  on a second stream (part of the time above): the embedding's grouping beside the forward, each layer's experts' AdamW beside what follows its backward:\n")
 	}
 	for _, x := range side {
 		fmt.Fprintf(w, "  %-16s %10.3f %7s  %s\n", x.name, x.d.Seconds()*1e3, "", rate(x))

@@ -122,12 +122,20 @@ func (m *Model) forward(ws *workspace, tok, loss *device.Tensor, grad bool, laye
 }
 
 // backward computes every parameter's gradient from ws.dlogits and the activations of
-// forward on tok, and frees the activations. Over several ranks the gradients of the
-// replicated parameters are this rank's share; sumGrads adds the ranks' shares.
-func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activations, layerDone func(l int) error) error {
+// forward on a batch that groupEmbed grouped into ws.perm and ws.offs (the embedding's
+// sums wait for m.evGroup on the model's stream), and frees the activations. Over several
+// ranks the gradients of the replicated parameters are this rank's share; sumGrads adds
+// the ranks' shares.
+func (m *Model) backward(ws *workspace, acts []*moe.Activations, layerDone func(l int) error) error {
 	s, c := m.s, m.Config
 	L := c.Layers
-	err := m.outputWeightGrad(ws)
+	var err error
+	if !ws.grouped {
+		err = errors.New("backward: the batch's rows were not grouped for the embedding's gradient (groupEmbed)")
+	}
+	if err == nil {
+		err = m.outputWeightGrad(ws)
+	}
 	if err == nil {
 		err = gemm.RaggedDotInputGrad(s, ws.dxn, ws.dlogits, m.out.cw(), ws.sizes, nil)
 	}
@@ -153,18 +161,23 @@ func (m *Model) backward(ws *workspace, tok *device.Tensor, acts []*moe.Activati
 			err = layerDone(l)
 		}
 		if err == nil {
-			dhc := ws.dhc
-			if l == 0 {
-				dhc = nil // the embedding's gradient reads dh
-			}
-			err = normBackward(s, ws.dh, dhc, ws.dxn, ws.h[l], ws.rstd[l], true)
+			// The compute copy at l = 0 too: the embedding's gradient reads it.
+			err = normBackward(s, ws.dh, ws.dhc, ws.dxn, ws.h[l], ws.rstd[l], true)
 		}
 		if err == nil {
 			err = m.mark(layerStage(l, stageNormBwd))
 		}
 	}
 	if err == nil {
-		err = embedBackward(s, m.emb.g, ws.dh, tok, ws.perm, ws.offs, c.Window, c.Vocab)
+		err = s.Wait(m.evGroup)
+	}
+	if err == nil {
+		dh := ws.dh
+		if ws.dhc != nil {
+			dh = ws.dhc
+		}
+		err = embedBackward(s, m.emb.g, dh, ws.perm, ws.offs, c.Window, c.Vocab)
+		ws.grouped = false
 	}
 	if err == nil {
 		err = m.mark(stageEmbedBwd)
@@ -228,16 +241,34 @@ func (m *Model) sumGrads() error {
 }
 
 // trainStep runs forward, backward and an AdamW step with learning rate lr on the batch
-// tok (I32 [B, W+1]: context, then target), enqueued on the model's stream (the experts'
-// AdamW steps on its side stream, which the model's stream waits for at the end) without
-// waiting for the device (but for the count exchanges of expert parallelism), and
-// invalidates the FP8 layers' quantized weights, which the step made stale. The
-// batch's loss and routing statistics are added to the running sums that takeTrainLoss
-// and takeStats return. After an error the model's parameters may hold part of the step:
-// it is not fit to train on.
+// tok (I32 [B, W+1]: context, then target), enqueued on the model's stream (the embedding
+// gradient's grouping of tok and the experts' AdamW steps on its side stream, which the
+// model's stream waits for at the end) without waiting for the device (but for the count
+// exchanges of expert parallelism), and invalidates the FP8 layers' quantized weights,
+// which the step made stale. The batch's loss and routing statistics are added to the
+// running sums that takeTrainLoss and takeStats return. After an error the model's
+// parameters may hold part of the step: it is not fit to train on.
 func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err error) {
 	ws, err := m.workspace(tok.Dim(0))
 	if err != nil {
+		return err
+	}
+	// The model's stream waits for the side stream's work before the step's last stage
+	// ends: the experts' steps, which the next step's forward reads, and the grouping
+	// (which the embedding's sums wait for besides), whose tok the batcher refills after
+	// the step and whose perm and offs a new workspace frees. A failed step waits for it
+	// too, from the grouping on, leaving none of the side stream's work unordered.
+	joined := false
+	join := func() error {
+		joined = true
+		return errors.Join(m.evSide.Record(m.side), m.s.Wait(m.evSide))
+	}
+	defer func() {
+		if !joined {
+			err = errors.Join(err, join())
+		}
+	}()
+	if err := m.groupEmbed(ws, tok); err != nil {
 		return err
 	}
 	acts, err := m.forward(ws, tok, ws.trainLoss, true, m.layers)
@@ -266,24 +297,11 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 	}
 	m.Step++
 	h.LR = lr
-	// The model's stream waits for the side stream's steps, which the next step's forward
-	// reads, before the step's last stage ends; a failed step waits for them too, leaving
-	// no work of the side stream unordered.
-	joined := false
-	join := func() error {
-		joined = true
-		return errors.Join(m.evSide.Record(m.side), m.s.Wait(m.evSide))
-	}
-	defer func() {
-		if !joined {
-			err = errors.Join(err, join())
-		}
-	}()
 	layerDone := func(l int) error { return m.stepExperts(l, h) }
-	if m.serialAdam {
+	if m.serialSide {
 		layerDone = nil
 	}
-	if err := m.backward(ws, tok, acts, layerDone); err != nil {
+	if err := m.backward(ws, acts, layerDone); err != nil {
 		return err
 	}
 	if err := m.sumGrads(); err != nil {
@@ -292,7 +310,7 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 	if err := m.adam.step(m.s, h, m.Step); err != nil {
 		return err
 	}
-	if m.serialAdam {
+	if m.serialSide {
 		for _, t := range m.adamExp {
 			if err := t.step(m.s, h, m.Step); err != nil {
 				return err
@@ -307,6 +325,46 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 		return err
 	}
 	return m.mark(stageAdamW)
+}
+
+// groupEmbed groups the rows of the batch tok (I32 [B, W+1], B that of ws) by token for
+// the embedding's gradient (embedGroup into ws.perm and ws.offs), which depends on tok
+// alone: on the side stream, after the model's stream's work so far (tok's upload), so
+// that the sort overlaps the forward; m.evGroup, recorded after it, is what backward's
+// sums wait for. With serialSide it runs on the model's stream, as the stage
+// stageEmbedSort. The next step's grouping, which overwrites perm and offs, waits for this
+// step's work on the model's stream (through m.evBatch), the sums included; a step that
+// fails before its sums leaves the grouping to trainStep's join.
+func (m *Model) groupEmbed(ws *workspace, tok *device.Tensor) error {
+	c := m.Config
+	group := func(s *device.Stream) error { return embedGroup(s, ws.perm, ws.offs, tok, c.Window, c.Vocab) }
+	ws.grouped = true
+	if m.serialSide {
+		if err := group(m.s); err != nil {
+			return err
+		}
+		if err := m.evGroup.Record(m.s); err != nil {
+			return err
+		}
+		return m.mark(stageEmbedSort)
+	}
+	if err := m.evBatch.Record(m.s); err != nil {
+		return err
+	}
+	if err := m.side.Wait(m.evBatch); err != nil {
+		return err
+	}
+	work := func() error { return group(m.side) }
+	var err error
+	if m.tl == nil {
+		err = work()
+	} else {
+		err = m.tl.onSide(m.side, stageEmbedSort, work)
+	}
+	if err != nil {
+		return err
+	}
+	return m.evGroup.Record(m.side)
 }
 
 // stepExperts applies the step's AdamW to layer l's expert weights on the side stream as

@@ -1,7 +1,8 @@
 // Kernels of the training example: the dense parts of the model around the MoE layers.
 // Row-major tensors; the residual stream, norms' statistics, logits, weights and gradients
 // are f32, AdamW's moments f32 or bf16; the inputs of the MoE layers and of the output
-// projection, and the gradients that flow into them, are of the compute type T (f32 or
+// projection, and the gradients that flow into them (the copy of the residual stream's
+// gradient that the embedding's gradient also reads), are of the compute type T (f32 or
 // bf16: kernels named _f32 and _bf16). Token ids are int32. Every sum has a fixed order (no
 // atomics on floats), so results do not change from run to run.
 
@@ -388,16 +389,18 @@ extern "C" __global__ void __launch_bounds__(256) tr_embed_sort(int *__restrict_
 static_assert(TR_EMB_COLS == 4 * 32 && TR_EMB_COLS <= 32 * TR_EMB_PARTS, "tr_embed_bwd: 4 columns a lane, one block-wide sum");
 
 // Gradient of the embedding table from tr_embed_sort's grouping: demb[w*V + v, j] = the sum
-// of dh[b, j] over the n rows b of (w, v) in increasing b, cut into TR_EMB_PARTS parts of
+// of dh[b, j] (f32, or bf16 widened exactly: tr_embed_bwd_f32 and tr_embed_bwd_bf16) over
+// the n rows b of (w, v) in increasing b, cut into TR_EMB_PARTS parts of
 // q = ceil(n / TR_EMB_PARTS) rows (the last ones shorter or empty): each part added up in
-// order from zero by one warp, the parts' sums then added in order, (((s0 + s1) + s2) + …),
-// as embedBackward's CPU twin does. Grid (W*V, ceil(H / TR_EMB_COLS)), blocks of
-// 32·TR_EMB_PARTS threads; every row of demb is written (zero for tokens absent at w). A
-// lane keeps 4 columns of 4 rows in flight, so a row of 1,000 contributions (a frequent
-// byte) is 32 rounds of loads, not 250 (one thread a column, four rows in flight).
-extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS)
-    tr_embed_bwd(float *__restrict__ demb, const float *__restrict__ dh, const int *__restrict__ perm,
-                 const int *__restrict__ offs, int B, int V, int H) {
+// f32 in order from zero by one warp, the parts' sums then added in order,
+// (((s0 + s1) + s2) + …), as embedBackward's CPU twin does. Grid (W*V, ceil(H / TR_EMB_COLS)),
+// blocks of 32·TR_EMB_PARTS threads; every row of demb is written (zero for tokens absent at
+// w). A lane keeps 4 columns of 4 rows in flight, so a row of 1,000 contributions (a
+// frequent byte) is 32 rounds of loads, not 250 (one thread a column, four rows in flight).
+template <typename T>
+__device__ __forceinline__ void tr_embed_bwd(float *__restrict__ demb, const T *__restrict__ dh,
+                                             const int *__restrict__ perm, const int *__restrict__ offs, int B,
+                                             int V, int H) {
     __shared__ float part[TR_EMB_PARTS][TR_EMB_COLS];
     if (blockDim.x != 32 * TR_EMB_PARTS) return;
     int row = blockIdx.x, w = row / V, v = row - w * V;
@@ -415,9 +418,9 @@ extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS)
         float a[4][4];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            const float *src = dh + (i64)pw[i + r] * H + j0;
+            const T *src = dh + (i64)pw[i + r] * H + j0;
 #pragma unroll
-            for (int c = 0; c < 4; c++) a[r][c] = in[c] ? src[32 * c] : 0.f;
+            for (int c = 0; c < 4; c++) a[r][c] = in[c] ? tr_ld(src + 32 * c) : 0.f;
         }
 #pragma unroll
         for (int r = 0; r < 4; r++)
@@ -425,10 +428,10 @@ extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS)
             for (int c = 0; c < 4; c++) acc[c] += a[r][c];
     }
     for (; i < phi; i++) {
-        const float *src = dh + (i64)pw[i] * H + j0;
+        const T *src = dh + (i64)pw[i] * H + j0;
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            if (in[c]) acc[c] += src[32 * c];
+            if (in[c]) acc[c] += tr_ld(src + 32 * c);
     }
 #pragma unroll
     for (int c = 0; c < 4; c++) part[wid][lane + 32 * c] = acc[c];
@@ -441,6 +444,16 @@ extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS)
         if (j < H) demb[(i64)row * H + j] = sum;
     }
 }
+
+#define TR_EMBED_BWD(NAME, T)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * TR_EMB_PARTS)                                            \
+        tr_embed_bwd_##NAME(float *__restrict__ demb, const T *__restrict__ dh, const int *__restrict__ perm,  \
+                            const int *__restrict__ offs, int B, int V, int H) {                               \
+        tr_embed_bwd<T>(demb, dh, perm, offs, B, V, H);                                                        \
+    }
+
+TR_EMBED_BWD(f32, float)
+TR_EMBED_BWD(bf16, u16)
 
 // One parameter of the multi-tensor AdamW step: its tensors (the moments m and v of the
 // step's moment type M, float or u16 for bf16; c, the compute copy in bf16, may be null), its
