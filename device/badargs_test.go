@@ -50,6 +50,7 @@ func TestBadArgs(t *testing.T) {
 	x := dt.Must(s.Alloc(device.F32, 2, 3))
 	b := dt.Must(s.Alloc(device.BF16, 6))
 	z := dt.Must(s.Alloc(device.F32, 7))
+	w := dt.Must(s.Alloc(device.F32, 16))
 	lo, hi := dt.Must(x.View(0, 4)), dt.Must(x.View(2, 4))
 	freed := dt.Must(s.Alloc(device.F32, 6))
 	dt.NoErr(t, freed.Free())
@@ -239,6 +240,37 @@ func TestBadArgs(t *testing.T) {
 		{"Copy dtypes", func() error { return device.Copy(s, x, b) }, "differ in dtype"},
 		{"Copy lengths", func() error { return device.Copy(s, x, z) }, "destination f32[2 3]@cpu has 6 elements, source f32[7]@cpu has 7"},
 		{"Copy overlapping", func() error { return device.Copy(s, hi, lo) }, "Copy: destination f32[4]@cpu overlaps source f32[4]@cpu"},
+		{"CopyRect nil stream", func() error { return device.CopyRect(nilS, z, 3, x, 3, 2, 3) }, "CopyRect destination: nil stream"},
+		{"CopyRect closed stream", func() error { return device.CopyRect(closed, z, 3, x, 3, 2, 3) }, "CopyRect destination: stream was closed"},
+		{"CopyRect nil destination", func() error { return device.CopyRect(s, nilT, 3, x, 3, 2, 3) }, "CopyRect destination is nil"},
+		{"CopyRect nil source", func() error { return device.CopyRect(s, z, 3, nilT, 3, 2, 3) }, "CopyRect source is nil"},
+		{"CopyRect freed destination", func() error { return device.CopyRect(s, freed, 3, x, 3, 2, 3) }, "CopyRect destination f32[6]@cpu was freed"},
+		{"CopyRect freed source", func() error { return device.CopyRect(s, z, 3, freed, 3, 2, 3) }, "CopyRect source f32[6]@cpu was freed"},
+		{"CopyRect dtypes", func() error { return device.CopyRect(s, b, 3, x, 3, 2, 3) }, "CopyRect: destination bf16[6]@cpu and source f32[2 3]@cpu differ in dtype"},
+		{"CopyRect negative rows", func() error { return device.CopyRect(s, z, 3, x, 3, -1, 3) }, "CopyRect: rows = -1 < 0"},
+		{"CopyRect negative cols", func() error { return device.CopyRect(s, z, 3, x, 3, 2, -3) }, "CopyRect: cols = -3 < 0"},
+		{"CopyRects negative batch", func() error {
+			return device.CopyRects(s, z, device.Strides{Row: 3}, x, device.Strides{Row: 3}, -2, 1, 3)
+		}, "CopyRects: batch = -2 < 0"},
+		{"CopyRect destination stride", func() error { return device.CopyRect(s, z, 2, x, 3, 2, 3) }, "CopyRect: destination row stride 2 < cols 3"},
+		{"CopyRect source stride", func() error { return device.CopyRect(s, z, 3, x, 2, 2, 3) }, "CopyRect: source row stride 2 < cols 3"},
+		{"CopyRect negative stride", func() error { return device.CopyRect(s, z, 3, x, -1, 0, 0) }, "CopyRect: source row stride -1 < cols 0"},
+		{"CopyRects negative batch stride", func() error {
+			return device.CopyRects(s, z, device.Strides{Row: 3, Batch: -1}, x, device.Strides{Row: 3}, 1, 1, 3)
+		}, "CopyRects: destination batch stride -1 < 0"},
+		{"CopyRects source batch stride", func() error {
+			return device.CopyRects(s, z, device.Strides{Row: 2, Batch: 2}, x, device.Strides{Row: 2, Batch: 1}, 3, 1, 2)
+		}, "CopyRects: source batch stride 1 < rows·row stride 1·2"},
+		{"CopyRects destination batch stride", func() error {
+			return device.CopyRects(s, w, device.Strides{Row: 2, Batch: 3}, z, device.Strides{Row: 2, Batch: 4}, 2, 2, 2)
+		}, "CopyRects: destination batch stride 3 < rows·row stride 2·2"},
+		{"CopyRect past the destination", func() error { return device.CopyRect(s, x, 4, z, 3, 2, 3) }, "CopyRect: the destination rectangle (2×3, row stride 4) ends at element 7 of f32[2 3]@cpu, which has 6"},
+		{"CopyRect past the source", func() error { return device.CopyRect(s, w, 3, x, 3, 3, 3) }, "CopyRect: the source rectangle (3×3, row stride 3) ends at element 9 of f32[2 3]@cpu, which has 6"},
+		{"CopyRects past the source", func() error {
+			return device.CopyRects(s, z, device.Strides{Row: 3, Batch: 3}, x, device.Strides{Row: 2, Batch: 5}, 2, 1, 2)
+		}, "CopyRects: the source rectangle (2×1×2, strides 5, 2) ends at element 7 of f32[2 3]@cpu, which has 6"},
+		{"CopyRect past 2^63", func() error { return device.CopyRect(s, z, 3, x, 1<<62, 3, 1) }, "ends at element past 2^63"},
+		{"CopyRect overlapping", func() error { return device.CopyRect(s, hi, 2, lo, 2, 2, 2) }, "CopyRect: destination f32[4]@cpu overlaps source f32[4]@cpu"},
 		{"Cast nil stream", func() error { return device.Cast(nilS, b, x) }, "Cast destination: nil stream"},
 		{"Cast closed stream", func() error { return device.Cast(closed, b, x) }, "Cast destination: stream was closed"},
 		{"Cast nil destination", func() error { return device.Cast(s, nilT, x) }, "Cast destination is nil"},

@@ -42,17 +42,28 @@ var hostMemory = sync.OnceValue(func() uint64 {
 	return total
 })
 
+// errOutOfMemory is wrapped by the errors of CPU allocations that the host cannot hold.
+var errOutOfMemory = errors.New("out of memory")
+
+// IsOutOfMemory reports whether err comes from an allocation that the device could not
+// satisfy: CUDA_ERROR_OUT_OF_MEMORY on a GPU, a size over the host's memory on the CPU
+// (Stream.Alloc, Device.AllocPinned, and the ops that return their errors). A caller
+// with a way to do the work in less memory can take it on such an error.
+func IsOutOfMemory(err error) bool {
+	return errors.Is(err, errOutOfMemory) || cuda.IsCode(err, "CUDA_ERROR_OUT_OF_MEMORY")
+}
+
 // hostBytes returns n zeroed bytes of Go memory, or an out-of-memory error for a size
 // over the host's memory or beyond what Go can allocate. Go ends the process, rather
 // than failing, on an allocation it cannot meet, so a size within the host's memory but
 // over what is free still ends it.
 func hostBytes(n int) (b []byte, err error) {
 	if m := hostMemory(); m > 0 && uint64(n) > m {
-		return nil, fmt.Errorf("out of memory: the host has %d bytes of memory", m)
+		return nil, fmt.Errorf("%w: the host has %d bytes of memory", errOutOfMemory, m)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			b, err = nil, fmt.Errorf("out of memory: %v", r)
+			b, err = nil, fmt.Errorf("%w: %v", errOutOfMemory, r)
 		}
 	}()
 	return make([]byte, n), nil

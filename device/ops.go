@@ -12,7 +12,8 @@ import (
 //go:embed kernels/elementwise.cu
 var elementwiseSrc string
 
-// elementwise is the program of the device package's own kernels (fill, copy, cast).
+// elementwise is the program of the device package's own kernels (fill, copy, cast,
+// CopyRect).
 var elementwise = NewProgram("elementwise.cu", elementwiseSrc)
 
 const threads = 256

@@ -1,5 +1,6 @@
-// Elementwise kernels of package device: fill, copy and cast between the dtypes.
-// Conversions come from dtype.cuh and are bit-identical to the Go code in dtype.go.
+// Elementwise kernels of package device: fill, copy (dense, and of strided rectangles)
+// and cast between the dtypes. Conversions come from dtype.cuh and are bit-identical to
+// the Go code in dtype.go.
 #include "dl.cuh"
 
 // Fills nbytes at p with a pattern that repeats every 16 bytes, phased so that
@@ -99,3 +100,89 @@ extern "C" __global__ void dl_cast_i64_i32(int *__restrict__ dst, const i64 *__r
         dst[i] = v > 2147483647LL ? 2147483647 : (v < -2147483648LL ? (int)0x80000000 : (int)v);
     }
 }
+
+// A 16-byte chunk of a row, viewed as words of each width.
+union dl_chunk {
+    uint4 v;
+    u64 d[2];
+    u32 w[4];
+    u16 h[8];
+    u8 b[16];
+};
+
+// dl_ld_chunk loads the 16 bytes at p, W bytes at a time (p is W-byte aligned).
+template <int W> __device__ __forceinline__ void dl_ld_chunk(dl_chunk &c, const u8 *p) {
+    if (W == 16) {
+        c.v = *(const uint4 *)p;
+    } else if (W == 8) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) c.d[k] = ((const u64 *)p)[k];
+    } else if (W == 4) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) c.w[k] = ((const u32 *)p)[k];
+    } else if (W == 2) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) c.h[k] = ((const u16 *)p)[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < 16; k++) c.b[k] = p[k];
+    }
+}
+
+// dl_st_chunk stores c at p, W bytes at a time (p is W-byte aligned).
+template <int W> __device__ __forceinline__ void dl_st_chunk(u8 *p, const dl_chunk &c) {
+    if (W == 16) {
+        *(uint4 *)p = c.v;
+    } else if (W == 8) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) ((u64 *)p)[k] = c.d[k];
+    } else if (W == 4) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) ((u32 *)p)[k] = c.w[k];
+    } else if (W == 2) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) ((u16 *)p)[k] = c.h[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < 16; k++) p[k] = c.b[k];
+    }
+}
+
+// dl_copy_rect copies nrows rows of rowBytes bytes between two strided layouts: row r
+// is row i = r mod rows of matrix b = r / rows, read at src + b·srcBatch + i·srcRow and
+// written at dst + b·dstBatch + i·dstRow (strides in bytes). One block per row, striding
+// over the rows when they outnumber the grid. Each thread moves 16-byte chunks of the
+// row, loaded L and stored S bytes at a time (the alignments of the two sides' rows),
+// then the last rowBytes mod 16 bytes one at a time.
+template <int L, int S>
+__device__ __forceinline__ void dl_copy_rect(u8 *__restrict__ dst, const u8 *__restrict__ src, u64 rows, u64 nrows, u64 rowBytes,
+                                             u64 srcRow, u64 srcBatch, u64 dstRow, u64 dstBatch) {
+    const u64 nchunks = rowBytes / 16;
+    for (u64 r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const u64 b = r / rows, i = r - b * rows;
+        const u8 *s = src + b * srcBatch + i * srcRow;
+        u8 *d = dst + b * dstBatch + i * dstRow;
+        for (u64 j = threadIdx.x; j < nchunks; j += blockDim.x) {
+            dl_chunk c;
+            dl_ld_chunk<L>(c, s + 16 * j);
+            dl_st_chunk<S>(d + 16 * j, c);
+        }
+        for (u64 j = 16 * nchunks + threadIdx.x; j < rowBytes; j += blockDim.x) d[j] = s[j];
+    }
+}
+
+// dl_copy_rect_L_S is dl_copy_rect with loads of L and stores of S bytes.
+#define DL_COPY_RECT(L, S)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                                   \
+        dl_copy_rect_##L##_##S(u8 *__restrict__ dst, const u8 *__restrict__ src, u64 rows, u64 nrows, u64 rowBytes,   \
+                               u64 srcRow, u64 srcBatch, u64 dstRow, u64 dstBatch) {                                   \
+        dl_copy_rect<L, S>(dst, src, rows, nrows, rowBytes, srcRow, srcBatch, dstRow, dstBatch);                      \
+    }
+#define DL_COPY_RECT_FROM(L)                                                                                            \
+    DL_COPY_RECT(L, 1) DL_COPY_RECT(L, 2) DL_COPY_RECT(L, 4) DL_COPY_RECT(L, 8) DL_COPY_RECT(L, 16)
+
+DL_COPY_RECT_FROM(1)
+DL_COPY_RECT_FROM(2)
+DL_COPY_RECT_FROM(4)
+DL_COPY_RECT_FROM(8)
+DL_COPY_RECT_FROM(16)
