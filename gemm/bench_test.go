@@ -94,6 +94,39 @@ func benchCall(b *testing.B, d *device.Device, f form, bc baseline.Case) {
 	timeCalls(b, s, 2*float64(M)*float64(K)*float64(N), call)
 }
 
+// BenchmarkRaggedDotUnaligned times the forward form, bf16 in and out, on G=8 uniform
+// groups of M=32768 rows at K×N = 4096×4096 (aligned: k4096) and at unaligned
+// neighbours that run on padded copies on the H100 and H200: K=4100 (even, not a
+// multiple of 8: k4100), K=4099 (odd: k4099), N=4100 (n4100). TFLOP/s count the real
+// shape's 2·M·K·N. On the CPU the shapes are 16 times smaller in M, K and N (M=2048,
+// K×N = 256×256, 260, 259), named alike.
+func BenchmarkRaggedDotUnaligned(b *testing.B) { unalignedBenchmark(b, fwd) }
+
+// BenchmarkRaggedDotInputGradUnaligned times the input-gradient form likewise: dx[M,K] =
+// dy[M,N]·W_gᵀ with W [G,K,N] of the same K×N.
+func BenchmarkRaggedDotInputGradUnaligned(b *testing.B) { unalignedBenchmark(b, dgrad) }
+
+// BenchmarkRaggedDotWeightGradUnaligned times the weight-gradient form likewise: dW[G,K,N]
+// from x[M,K] and dy[M,N].
+func BenchmarkRaggedDotWeightGradUnaligned(b *testing.B) { unalignedBenchmark(b, wgrad) }
+
+func unalignedBenchmark(b *testing.B, f form) {
+	cases := []struct {
+		name string
+		K, N int // added to 4096 (GPU) or 256 (CPU)
+	}{{"k4096", 0, 0}, {"k4100", 4, 0}, {"k4099", 3, 0}, {"n4100", 0, 4}}
+	for _, d := range dt.Devices(b) {
+		M, dim := 32768, 4096
+		if !d.IsCUDA() {
+			M, dim = 2048, 256
+		}
+		for _, c := range cases {
+			bc := baseline.Case{Name: c.name, G: 8, M: M, K: dim + c.K, N: dim + c.N, Skew: "uniform"}
+			b.Run(d.String()+"/"+c.name, func(b *testing.B) { benchCall(b, d, f, bc) })
+		}
+	}
+}
+
 // timeCalls times call on s between two events after two warm-up calls (compile, load)
 // and reports flops per call as TFLOP/s.
 func timeCalls(b *testing.B, s *device.Stream, flops float64, call func() error) {

@@ -16,7 +16,8 @@
 // copy. Operands are BF16 or F32 (both the same), outputs BF16 or F32, and products are
 // summed in f32. Rows past sum(sizes) are written as zeros and contribute nothing to
 // weight gradients; the weight gradient of an empty group is exactly zero. Any M, K,
-// N ≥ 0 work; K and N multiples of 8 pick the fastest GPU kernels.
+// N ≥ 0 work; K and N multiples of 8, with 16-byte aligned tensors, save the padded
+// copies of unaligned shapes on the H100 and H200 (see Unaligned shapes).
 //
 // # Sizes stay on the device
 //
@@ -27,8 +28,9 @@
 // The Hopper kernels of the forward and input-gradient forms put a third kernel
 // between the two, which zeroes the rows past sum(sizes) and the tile counter of the
 // GEMM's schedule: those calls enqueue three kernels, the others two (only the plan
-// when the output is empty). Nothing is copied to the host and nothing waits, so a
-// call can be captured in a Graph.
+// when the output is empty), plus the fills and copies of padded calls (see Unaligned
+// shapes). Nothing is copied to the host and nothing waits, so a call can be captured
+// in a Graph.
 // Invalid sizes (a negative size, or a sum past M) cannot then be returned as errors:
 // the kernels record them in a device.Status and write nothing. Pass Options.Status, or check
 // the device's own status with CheckStatus (and clear it with ResetStatus). On the CPU
@@ -54,8 +56,9 @@
 //     accumulators. The forward deals tile positions round-robin, spreading the tiles
 //     of short groups among the others, and its CTAs claim the last rounds of tiles
 //     from a per-call counter. The weight gradient contracts over each group's rows
-//     (ragged K). DROPLESS_GEMM_KERNEL=mma, read when the package is initialized,
-//     turns them off.
+//     (ragged K). bf16 calls that fit them but for the alignment of their rows or
+//     pointers run on them through padded copies (see Unaligned shapes).
+//     DROPLESS_GEMM_KERNEL=mma, read when the package is initialized, turns them off.
 //   - For the other bf16 calls (other GPUs, other shapes): mma.sync m16n8k16 with f32
 //     accumulators, fed by ldmatrix from a 4-stage cp.async shared-memory ring, 128×256
 //     block tiles of 8 warps (in the forward and input gradient, 32×128 tiles of 4
@@ -65,7 +68,7 @@
 //     pipeline, loading the next tile while it finishes the last, and skips the
 //     tensor-core work of rows past its group's end 16 rows at a time. Unaligned
 //     shapes (K or N not a multiple of 8, or unaligned views) take element loads
-//     instead of 16-byte copies.
+//     instead of 16-byte copies: several times slower.
 //   - For f32 operands: an exact f32 FMA kernel, 64×64 block tiles.
 //
 // Results are deterministic: each output element is summed in a fixed order, with no
@@ -73,6 +76,37 @@
 //
 // On the CPU each group is one gonum Sgemm on f32 copies of the operands, groups in
 // parallel. It is the reference the GPU path is tested against.
+//
+// # Unaligned shapes
+//
+// The Hopper kernels read their operands by TMA, whose rows must be multiples of 16
+// bytes, from 16-byte aligned addresses. A bf16 call on the H100 or H200 with K or N not
+// a multiple of 8, or with a tensor that is not 16-byte aligned (a view at an odd
+// offset), and otherwise fit for them (1 to 1024 groups, M, K, N ≥ 1) runs them on
+// padded copies: K and N are rounded up to multiples of 8, K8 and N8, and each operand
+// that the kernels cannot read as it is (its rows longer once padded, or unaligned) is
+// copied by device.CopyRects into a temporary of the padded shape, allocated in stream
+// order on the call's stream and freed there after the call:
+//
+//	RaggedDot:           x8[M,K8], w8[G,K8,N8], y8[M,N8]
+//	RaggedDotInputGrad:  dy8[M,N8], w8[G,K8,N8], dx8[M,K8]
+//	RaggedDotWeightGrad: x8[M,K8], dy8[M,N8], dw8[G,K8,N8]
+//
+// (w8 and dw8 as [G,N8,K8] in layout NK; x needs its copy when K is not a multiple of 8
+// or x is unaligned, w when K or N is not or w is, and so on). The copies take at most
+// 2·M·K8 + 2·G·K8·N8 + e·M·N8 bytes for RaggedDot, 2·M·N8 + 2·G·K8·N8 + e·M·K8 for
+// RaggedDotInputGrad and 2·M·K8 + 2·M·N8 + e·G·K8·N8 for RaggedDotWeightGrad, e being
+// the output's element size (2 for bf16, 4 for f32). The padding of the contracted
+// dimension (K in the forward, N in the input gradient) is zeroed, so it adds nothing to
+// the products; the rest of the padding only makes output elements that are not copied
+// back. The output's copy starts as a copy of the output (so that Options.Accumulate
+// adds to dw, and invalid sizes still leave the output as it was); after the GEMM its
+// real elements are copied back, rows past the groups as zeros. The copies cost memory
+// traffic (each padded input read once and written once, or twice where its padding is
+// zeroed first; the output read and written twice) and up to six more kernel launches;
+// BenchmarkRaggedDotUnaligned measures them. When the copies' memory cannot be had
+// (CUDA_ERROR_OUT_OF_MEMORY), the call runs the portable kernels instead, with no extra
+// memory; other allocation errors are returned.
 //
 // # Blockwise FP8
 //

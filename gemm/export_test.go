@@ -1,6 +1,9 @@
 package gemm
 
-import "github.com/dropless/dropless/gemm/internal/hopper"
+import (
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/gemm/internal/hopper"
+)
 
 // ForceMMA sets forceMMA (DROPLESS_GEMM_KERNEL=mma) for a test and returns the
 // function that restores it.
@@ -16,3 +19,16 @@ func FP8Turns(on bool) (restore func()) {
 	old := hopper.SetFP8Turns(on)
 	return func() { hopper.SetFP8Turns(old) }
 }
+
+// FailPadAlloc sets padAllocFault for a test: fn is called before each allocation of a
+// padded copy with its index, and an error it returns stands for that allocation's. It
+// returns the function that restores the hook.
+func FailPadAlloc(fn func(i int) error) (restore func()) {
+	old := padAllocFault
+	padAllocFault = fn
+	return func() { padAllocFault = old }
+}
+
+// HopperKernels reports whether bf16 calls on d run the Hopper kernels, directly or
+// through padded copies, where their shapes allow.
+func HopperKernels(d *device.Device) bool { return !forceMMA && hopper.Supported(d) == nil }

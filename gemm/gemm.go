@@ -133,6 +133,13 @@ func (c *call) name() form {
 // Status (opt.Status, else the device's own, see CheckStatus) and the kernels write
 // nothing.
 //
+// On an H100 or H200, a bf16 call whose K or N is not a multiple of 8, or one of whose
+// tensors is not 16-byte aligned, runs on zero-padded copies of the tensors that need
+// them (see the package doc, Unaligned shapes): up to 2·M·K8 + 2·G·K8·N8 + e·M·N8 bytes
+// (K8, N8: K and N rounded up to multiples of 8; e: the size of y's elements), allocated
+// in stream order on s for the call and freed in stream order after it. Where they
+// cannot be allocated, the call runs the portable kernels instead.
+//
 // y must not overlap x, w or sizes; x and w may overlap each other.
 func RaggedDot(s *device.Stream, y, x, w, sizes *device.Tensor, opt *Options) error {
 	c, err := check(forward, s, y, x, w, sizes, opt)
@@ -145,8 +152,10 @@ func RaggedDot(s *device.Stream, y, x, w, sizes *device.Tensor, opt *Options) er
 // RaggedDotInputGrad computes dx[M,K] = dy[M,N]·w[g]ᵀ for the rows of each group g:
 // the gradient of RaggedDot with respect to x, with w [G,K,N] (opt.Layout KN) or
 // [G,N,K] (NK) as for RaggedDot. Rows past sum(sizes) are written as zeros. dtypes,
-// devices, streams and the handling of invalid sizes are as for RaggedDot. dx must not
-// overlap dy, w or sizes; dy and w may overlap each other.
+// devices, streams, the handling of invalid sizes and the padded copies of unaligned
+// shapes are as for RaggedDot, the copies taking up to 2·M·N8 + 2·G·K8·N8 + e·M·K8 bytes
+// (e: the size of dx's elements). dx must not overlap dy, w or sizes; dy and w may
+// overlap each other.
 func RaggedDotInputGrad(s *device.Stream, dx, dy, w, sizes *device.Tensor, opt *Options) error {
 	c, err := check(inputGrad, s, dx, dy, w, sizes, opt)
 	if err != nil {
@@ -160,9 +169,11 @@ func RaggedDotInputGrad(s *device.Stream, dx, dy, w, sizes *device.Tensor, opt *
 // to w. dw is [G,K,N] (opt.Layout KN) or [G,N,K] (NK, then dw[g] = dy_gᵀ·x_g). With
 // opt.Accumulate the result is added to dw (in f32, then rounded to dw's dtype);
 // otherwise dw is overwritten, and the gradient of an empty group is exactly zero.
-// Rows of x and dy past sum(sizes) do not contribute. dtypes, devices, streams and the
-// handling of invalid sizes are as for RaggedDot. dw must not overlap x, dy or sizes;
-// x and dy may overlap each other.
+// Rows of x and dy past sum(sizes) do not contribute. dtypes, devices, streams, the
+// handling of invalid sizes and the padded copies of unaligned shapes are as for
+// RaggedDot, the copies taking up to 2·M·K8 + 2·M·N8 + e·G·K8·N8 bytes (e: the size of
+// dw's elements; dw's copy starts as dw, so Accumulate adds to it). dw must not overlap
+// x, dy or sizes; x and dy may overlap each other.
 func RaggedDotWeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, opt *Options) error {
 	c, err := check(weightGrad, s, dw, x, dy, sizes, opt)
 	if err != nil {

@@ -227,15 +227,23 @@ func (c *call) gpu(s *device.Stream) error {
 	if bound == 0 || c.out.Len() == 0 {
 		return nil // nothing to write; the plan still checked the sizes
 	}
-	if c.hopperOK(d) {
+	if hop := c.hopperOK(d); hop || c.padOK(d) {
 		counter, err := ws.View(wsPlan, 1)
 		if err != nil {
 			return err
 		}
-		if err := c.hopper(s, counter); err != nil {
+		ran := true
+		if hop {
+			err = c.hopper(s, counter)
+		} else {
+			ran, err = c.padded(s, counter) // false: out of memory for the copies
+		}
+		if err != nil {
 			return fmt.Errorf("gemm: %v: %w", c.f, err)
 		}
-		return nil
+		if ran {
+			return nil
+		}
 	}
 
 	k, err := d.Kernel(program, name)

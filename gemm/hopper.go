@@ -12,18 +12,25 @@ import (
 // initialized (for comparisons). Tests may set it.
 var forceMMA = os.Getenv("DROPLESS_GEMM_KERNEL") == "mma"
 
-// hopperOK reports whether the call can run on the Hopper kernels (wgmma and TMA):
-// bf16 operands, M ≥ 1, K and N positive multiples of 8 (16-byte rows for the tensor maps), 16-byte
-// aligned pointers, at most 1024 groups, an sm_90 GPU and NVRTC that targets sm_90a,
-// unless forceMMA is set.
+// hopperOK reports whether the call can run on the Hopper kernels (wgmma and TMA) as it
+// is: it passes hopperShapeOK, K and N are multiples of 8 (16-byte rows for the tensor
+// maps) and the pointers are 16-byte aligned. Calls that pass hopperShapeOK only run on
+// them through padded copies (see padded).
 func (c *call) hopperOK(d *device.Device) bool {
+	return c.K%8 == 0 && c.N%8 == 0 && device.Aligned(16, c.out, c.a, c.b) && c.hopperShapeOK(d)
+}
+
+// hopperShapeOK reports whether the call could run on the Hopper kernels but for the
+// alignment of its rows and pointers: bf16 operands, M, K, N ≥ 1, 1 to 1024 groups, an
+// sm_90 GPU and NVRTC that targets sm_90a, unless forceMMA is set.
+func (c *call) hopperShapeOK(d *device.Device) bool {
 	if forceMMA {
 		return false
 	}
-	if c.a.DType() != device.BF16 || c.M < 1 || c.K < 8 || c.N < 8 || c.K%8 != 0 || c.N%8 != 0 || c.G > 1024 || c.G < 1 {
+	if c.a.DType() != device.BF16 || c.M < 1 || c.K < 1 || c.N < 1 || c.G > 1024 || c.G < 1 {
 		return false
 	}
-	return device.Aligned(16, c.out, c.a, c.b) && hopper.Supported(d) == nil
+	return hopper.Supported(d) == nil
 }
 
 // hopper enqueues the call on the Hopper kernels. The plan kernel has already checked
