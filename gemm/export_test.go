@@ -13,13 +13,6 @@ func ForceMMA(on bool) (restore func()) {
 	return func() { forceMMA = old }
 }
 
-// FP8Turns sets whether the blockwise Hopper kernels' consumers take turns
-// (DROPLESS_FP8_TURNS) for a test and returns the function that restores it.
-func FP8Turns(on bool) (restore func()) {
-	old := hopper.SetFP8Turns(on)
-	return func() { hopper.SetFP8Turns(old) }
-}
-
 // FailPadAlloc sets padAllocFault for a test: fn is called before each allocation of a
 // padded copy with its index, and an error it returns stands for that allocation's. It
 // returns the function that restores the hook.

@@ -1,7 +1,6 @@
 package gemm_test
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 	"testing"
@@ -494,32 +493,6 @@ func testFP8ManyTiles(t *testing.T, fam family) {
 		for i, bf := range blockForms {
 			o := newBop(fam, uint64(900+i), sh, bf.f, bf.layout, device.BF16, e4m3F32, e5m2Pow2, false)
 			o.checkClose(t, o.run(t, d.Stream(), nil, false), o.run(t, device.CPU().Stream(), nil, false))
-		}
-	})
-}
-
-// TestBlockwiseTurns: on a GPU, the blockwise kernels give the same bits whether their two
-// consumer warpgroups take turns issuing their MMAs or not, on every form, with tiles whose
-// second consumer has no rows (groups of 1–64 rows) and several rounds of tiles per block.
-func TestBlockwiseTurns(t *testing.T) {
-	dt.Run(t, func(t *testing.T, d *device.Device) {
-		if !d.IsCUDA() {
-			t.Skip("a GPU test")
-		}
-		for j, sh := range []shape{{"many-tiles", 8, 4000, 512, 1024, "skewed"}, {"tiny-groups", 9, 200, 256, 384, "uniform"}} {
-			for i, bf := range blockForms {
-				o := newBop(blockwiseFam, uint64(950+8*j+i), sh, bf.f, bf.layout, device.F32, e4m3F32, e5m2Pow2, false)
-				var got [2]result
-				for k, on := range []bool{false, true} {
-					restore := gemm.FP8Turns(on)
-					got[k] = o.run(t, d.Stream(), nil, false)
-					restore()
-				}
-				if !bytes.Equal(got[0].out, got[1].out) {
-					t.Errorf("%v: the outputs with and without turns differ", o)
-				}
-				o.checkClose(t, got[1], o.run(t, device.CPU().Stream(), nil, false))
-			}
 		}
 	})
 }

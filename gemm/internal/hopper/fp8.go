@@ -35,29 +35,6 @@ var fp8Support sync.Map // *device.Device → error
 // them, for comparisons.
 var fp8Single = os.Getenv("DROPLESS_FP8_CLUSTER") != "2"
 
-// fp8Turns makes the blockwise kernels' two consumer warpgroups take turns issuing their
-// stages' MMAs (kernels/fp8.cu, Turns; the fp8t kernels, one CTA per cluster): the default;
-// DROPLESS_FP8_TURNS=0 lets both issue at once, for comparisons. The MXFP8 kernels and the
-// two-CTA kernels do not take turns.
-var fp8Turns = os.Getenv("DROPLESS_FP8_TURNS") != "0"
-
-// SetFP8Turns sets whether the blockwise kernels take turns (DROPLESS_FP8_TURNS) and returns
-// the setting it replaces, for tests that compare the two schedules. Not safe to call while
-// another goroutine launches FP8 kernels.
-func SetFP8Turns(on bool) (was bool) {
-	was, fp8Turns = fp8Turns, on
-	return was
-}
-
-// blockwisePrefix returns the kernel family of a blockwise form: turns (the fp8t kernels)
-// when the consumers take turns, else plain.
-func blockwisePrefix(plain, turns string) string {
-	if fp8Turns && fp8Single {
-		return turns
-	}
-	return plain
-}
-
 // fp8Grids caches, per device and kernel, the persistent grid of the two-CTA kernels: twice
 // the clusters that fit on the device at once (0: the kernel cannot run in clusters).
 var fp8Grids sync.Map // fp8GridKey → int
@@ -95,7 +72,7 @@ func blockwiseSupported(d *device.Device) error {
 	names := []string{"dl_hopper_zero_tail"}
 	for _, a := range []string{"e4m3", "e5m2"} {
 		for _, b := range []string{"e4m3", "e5m2"} {
-			for _, p := range []string{"dl_hopper_fp8_", "dl_hopper_fp8t_", "dl_hopper_fp8_x2_", "dl_hopper_fp8_wgrad_", "dl_hopper_fp8t_wgrad_", "dl_hopper_fp8_wgrad_x2_",
+			for _, p := range []string{"dl_hopper_fp8_", "dl_hopper_fp8_x2_", "dl_hopper_fp8_wgrad_", "dl_hopper_fp8_wgrad_x2_",
 				"dl_hopper_mx_", "dl_hopper_mx_x2_", "dl_hopper_mx_wgrad_", "dl_hopper_mx_wgrad_x2_"} {
 				names = append(names, p+a+"_"+b)
 			}
@@ -211,7 +188,7 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 	case !b.Scale.HasShape(device.F32, bs...):
 		return fmt.Errorf("hopper: BlockwiseGEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.F32, bs...))
 	}
-	k, tmA, tmB, err := fp8Forward(s, blockwisePrefix("dl_hopper_fp8", "dl_hopper_fp8t"), y, a.Q, b.Q, sizes)
+	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_fp8", y, a.Q, b.Q, sizes)
 	if err != nil {
 		return err
 	}
@@ -249,7 +226,7 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	case !b.Scale.HasShape(device.F32, nt, C):
 		return fmt.Errorf("hopper: BlockwiseWeightGrad: B's scales are %v, want f32[%d %d]", b.Scale, nt, C)
 	}
-	k, err := fp8Kernel(d, blockwisePrefix("dl_hopper_fp8_wgrad", "dl_hopper_fp8t_wgrad"), a.Q, b.Q)
+	k, err := fp8Kernel(d, "dl_hopper_fp8_wgrad", a.Q, b.Q)
 	if err != nil {
 		return err
 	}

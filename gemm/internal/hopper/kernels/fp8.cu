@@ -201,62 +201,6 @@ __device__ __forceinline__ void hf_block(float *d, const unsigned char *a, const
     hf_fence(d);
 }
 
-// Turns: the blockwise consumers may take turns issuing their stages' MMAs, so that one
-// promotes its partial sums (and waits for its next scales) while the tensor cores run the
-// other's MMAs, instead of both issuing at once and both promoting while the tensor cores
-// idle. Named barrier HF_BAR_TURN + c is consumer c's turn: c waits there (bar.sync, 256
-// threads) before it issues a stage, and the other consumer arrives there (bar.arrive) once it
-// has issued the stage before. The turns alternate strictly, c0 first: c0 skips its wait at
-// the kernel's first stage and takes one more after its last, so that every phase of either
-// barrier has exactly one arrival and one wait of 128 threads each. Both consumers walk the
-// same tiles and stages (an inactive consumer passes its turns without MMAs), so the counts
-// match on every path. Barriers 1 and 2 are the MXFP8 decode's, which runs without turns.
-#define HF_BAR_TURN 3
-
-__device__ __forceinline__ void hf_turn_wait(int c) { asm volatile("bar.sync %0, 256;\n" ::"r"(HF_BAR_TURN + c) : "memory"); }
-__device__ __forceinline__ void hf_turn_pass(int c) { asm volatile("bar.arrive %0, 256;\n" ::"r"(HF_BAR_TURN + (c ^ 1)) : "memory"); }
-
-// hf_block_turn is hf_block for consumer c with turns (wait: c's turn to wait for, false at
-// c0's first stage): it issues the stage's MMAs in its turn, passes the turn, then waits for
-// them.
-template <int TA, int TB>
-__device__ __forceinline__ void hf_block_turn(float *d, const unsigned char *a, const unsigned char *b, int c, bool wait) {
-    if (wait) hf_turn_wait(c);
-    hf_fence(d);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < HF_BK / 32; kk++) hf_mma<TA, TB>(d, hb_desc(a + kk * 32, 0, 1024), hb_desc(b + kk * 32, 0, 1024), kk);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    hf_turn_pass(c);
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    hf_fence(d);
-}
-
-// hf_stage_mma runs a blockwise stage's MMAs for consumer c at its stage number it, with
-// turns (TURN = 1) or without; an inactive consumer (active false) only passes its turn.
-template <int TA, int TB, int TURN>
-__device__ __forceinline__ void hf_stage_mma(float *d, const unsigned char *a, const unsigned char *b, int c, int it, bool active) {
-    if constexpr (!TURN) {
-        if (active) hf_block<TA, TB>(d, a, b);
-    } else {
-        const bool wait = c == 1 || it > 0;
-        if (active) {
-            hf_block_turn<TA, TB>(d, a, b, c, wait);
-        } else {
-            if (wait) hf_turn_wait(c);
-            hf_turn_pass(c);
-        }
-    }
-}
-
-// hf_turns_end takes c0's last wait (see Turns) once the consumers' stages are done.
-template <int TURN>
-__device__ __forceinline__ void hf_turns_end(int c, int it) {
-    if constexpr (TURN) {
-        if (c == 0 && it > 0) hf_turn_wait(0);
-    }
-}
-
 // hf_store2 writes the pair (v0, v1) at element at = row·n + col of the row-major out of n
 // columns (col even), f32 or bf16, adding what is there when acc is set; a pair past the
 // last column writes its first element only (n odd) or nothing.
@@ -528,7 +472,7 @@ __device__ __forceinline__ void hf_mx_stage(float *tot, float *part, const unsig
 // wgmma and writes nothing. Rows past the group's end in a tile belong to the next group
 // and are computed but not written; rows past M, columns past N and contraction past Kc
 // read TMA's zeros. Rows past sum(sizes) are zeroed by the tail kernel, launched first.
-template <int TA, int TB, int CL, int MX, int TURN>
+template <int TA, int TB, int CL, int MX>
 __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, const void *sav, int ss, int grouped, void *y,
                                         const void *sbv, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs,
                                         i64 *status, int op, int light, int f32) {
@@ -620,7 +564,6 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                 }
                 hb_mbar_wait(&m.full[st], ph);
                 if (!active) {
-                    if constexpr (!MX) hf_stage_mma<TA, TB, TURN>(part, nullptr, nullptr, c, it, false);
                     hf_release<CL>(&m.empty[st], lane, crank);
                     continue;
                 }
@@ -631,7 +574,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                     hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, w0, w1, tab + 40 * (lane % 4),
                                             &m.empty[st], lane, crank);
                 } else {
-                    hf_stage_mma<TA, TB, TURN>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, c, it, true);
+                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
                     // The stage's data is read: hand it back before promoting.
                     hf_release<CL>(&m.empty[st], lane, crank);
                     const float s0 = a0 * sbk, s1 = a1 * sbk;
@@ -646,7 +589,6 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
             }
             if (active) hf_epilogue(tot, y, (u64)(t.row0 + c * 64), t.rows - c * 64, t.n0, N, w, lane, f32, 0);
         }
-        hf_turns_end<TURN>(c, it);
     }
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
@@ -672,7 +614,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
 // neighbouring n-tiles; an empty group's tile writes zeros (accum: nothing). accum adds
 // the result to dw. Scale slots past R or C hold stale values, which only rows and columns
 // that are not written use.
-template <int TA, int TB, int CL, int MX, int TURN>
+template <int TA, int TB, int CL, int MX>
 __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB, const void *sa, int sra, const void *sb, int srb,
                                          void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32,
                                          int accum) {
@@ -738,7 +680,6 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                 const u32 ph = (it / HF_STAGES) & 1;
                 hb_mbar_wait(&m.full[st], ph);
                 if (!active) {
-                    if constexpr (!MX) hf_stage_mma<TA, TB, TURN>(part, nullptr, nullptr, c, it, false);
                     hf_release<CL>(&m.empty[st], lane, crank);
                     continue;
                 }
@@ -764,7 +705,7 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                     float2 sbf[HF_BN / 8];
 #pragma unroll
                     for (int j = 0; j < HF_BN / 8; j++) sbf[j] = *(const float2 *)(ssb + 8 * j);
-                    hf_stage_mma<TA, TB, TURN>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, c, it, true);
+                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
                     hf_release<CL>(&m.empty[st], lane, crank);
 #pragma unroll
                     for (int j = 0; j < HF_BN / 8; j++) {
@@ -777,42 +718,39 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
             }
             if (active) hf_epilogue(tot, dw, (u64)t.g * R + t.m0 + c * 64, R - t.m0 - c * 64, t.n0, C, w, lane, f32, accum);
         }
-        hf_turns_end<TURN>(c, it);
     }
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
 
-#define HF_BODY(TA, TB, CL, TURN) hf_gemm<TA, TB, CL, 0, TURN>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
-#define HF_WBODY(TA, TB, CL, TURN) hf_wgrad<TA, TB, CL, 0, TURN>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, f32, acc);
-#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1, 0>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, f32);
-#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1, 0>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_BODY(TA, TB, CL) hf_gemm<TA, TB, CL, 0>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
+#define HF_WBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 0>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, f32);
+#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, f32, acc);
 #else
-#define HF_BODY(TA, TB, CL, TURN)
-#define HF_WBODY(TA, TB, CL, TURN)
+#define HF_BODY(TA, TB, CL)
+#define HF_WBODY(TA, TB, CL)
 #define HF_MXBODY(TA, TB, CL)
 #define HF_MXWBODY(TA, TB, CL)
 #endif
 
 // Forward and input gradient, A of element type TA and B of TB (0 E4M3, 1 E5M2); f32
-// selects f32 output (else bf16). TURN = 1: the consumers take turns (see Turns; the fp8t
-// kernels, one CTA only). The _x2 kernels run in clusters of two CTAs (CL = 2); the
+// selects f32 output (else bf16). The _x2 kernels run in clusters of two CTAs (CL = 2); the
 // grid must then be even and its clusters must all fit on the device at once (the grid is
 // persistent).
-#define HF_KERNEL(NAME, TA, TB, CL, TURN, ATTR)                                                                                        \
+#define HF_KERNEL(NAME, TA, TB, CL, ATTR)                                                                                        \
     extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, int Mr, void *y,         \
              const float *sb, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs, i64 *status, int op,         \
              int light, int f32) {                                                                                               \
-        HF_BODY(TA, TB, CL, TURN)                                                                                                      \
+        HF_BODY(TA, TB, CL)                                                                                                      \
     }
 
-// Weight gradient, A of element type TA and B of TB; f32 output else bf16; acc adds; TURN as
-// for the forward.
-#define HF_WKERNEL(NAME, TA, TB, CL, TURN, ATTR)                                                                                       \
+// Weight gradient, A of element type TA and B of TB; f32 output else bf16; acc adds.
+#define HF_WKERNEL(NAME, TA, TB, CL, ATTR)                                                                                       \
     extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, const float *sb,         \
              void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32, int acc) {                     \
-        HF_WBODY(TA, TB, CL, TURN)                                                                                                     \
+        HF_WBODY(TA, TB, CL)                                                                                                     \
     }
 
 // MXFP8 forward and input gradient, and weight gradient (E8M0 scales as bytes).
@@ -834,12 +772,10 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 #define HF_ONE
 #define HF_TWO __cluster_dims__(2, 1, 1)
 #define HF_KERNELS(A, B, TA, TB)                                                                                                  \
-    HF_KERNEL(dl_hopper_fp8_##A##_##B, TA, TB, 1, 0, HF_ONE)                                                                      \
-    HF_KERNEL(dl_hopper_fp8t_##A##_##B, TA, TB, 1, 1, HF_ONE)                                                                     \
-    HF_KERNEL(dl_hopper_fp8_x2_##A##_##B, TA, TB, 2, 0, HF_TWO)                                                                   \
-    HF_WKERNEL(dl_hopper_fp8_wgrad_##A##_##B, TA, TB, 1, 0, HF_ONE)                                                               \
-    HF_WKERNEL(dl_hopper_fp8t_wgrad_##A##_##B, TA, TB, 1, 1, HF_ONE)                                                              \
-    HF_WKERNEL(dl_hopper_fp8_wgrad_x2_##A##_##B, TA, TB, 2, 0, HF_TWO)                                                           \
+    HF_KERNEL(dl_hopper_fp8_##A##_##B, TA, TB, 1, HF_ONE)                                                                         \
+    HF_KERNEL(dl_hopper_fp8_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                                      \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_##A##_##B, TA, TB, 1, HF_ONE)                                                                  \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                              \
     HF_MXKERNEL(dl_hopper_mx_##A##_##B, TA, TB, 1, HF_ONE)                                                                        \
     HF_MXKERNEL(dl_hopper_mx_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                                     \
     HF_MXWKERNEL(dl_hopper_mx_wgrad_##A##_##B, TA, TB, 1, HF_ONE)                                                                 \
