@@ -24,5 +24,10 @@ func TestAligned(t *testing.T) {
 		if !device.Aligned(2, v) {
 			t.Errorf("Aligned(2, a bf16 view) = false")
 		}
+		for _, n := range []int{0, -16} {
+			if device.Aligned(n, x) {
+				t.Errorf("Aligned(%d, %v) = true, want false", n, x)
+			}
+		}
 	})
 }

@@ -264,8 +264,12 @@ func (t *Tensor) Ptr() uintptr {
 
 // Aligned reports whether each tensor of ts that is not nil starts on a multiple of n
 // bytes on its GPU (Ptr), as loads and stores n bytes wide need: kernels choose their
-// access width by it. CPU tensors, whose Ptr is 0, count as aligned.
+// access width by it. CPU tensors, whose Ptr is 0, count as aligned. An n below 1 is no
+// alignment: false.
 func Aligned(n int, ts ...*Tensor) bool {
+	if n < 1 {
+		return false
+	}
 	for _, t := range ts {
 		if t != nil && t.Ptr()%uintptr(n) != 0 {
 			return false
