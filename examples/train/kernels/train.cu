@@ -44,6 +44,13 @@ __device__ __forceinline__ float4 tr_ld4(const T *p) {
 }
 __device__ __forceinline__ void tr_st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
 __device__ __forceinline__ void tr_st4(u16 *p, float4 v) { *reinterpret_cast<uint2 *>(p) = tr_bf16x4(v); }
+// The same, with the streaming cache hint (ld.global.cs, st.global.cs: evicted first from
+// L1 and L2), for data that passes once, such as AdamW's, so that it does not push out of
+// L2 what the kernels beside it reuse.
+__device__ __forceinline__ float4 tr_raw_ld4_cs(const float *p) { return __ldcs(reinterpret_cast<const float4 *>(p)); }
+__device__ __forceinline__ uint2 tr_raw_ld4_cs(const u16 *p) { return __ldcs(reinterpret_cast<const uint2 *>(p)); }
+__device__ __forceinline__ void tr_st4_cs(float *p, float4 v) { __stcs(reinterpret_cast<float4 *>(p), v); }
+__device__ __forceinline__ void tr_st4_cs(u16 *p, float4 v) { __stcs(reinterpret_cast<uint2 *>(p), tr_bf16x4(v)); }
 
 __device__ __forceinline__ void tr_add4(float4 &a, float4 e) {
     a.x += e.x;
@@ -541,7 +548,8 @@ __device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M> &q, i64 i, f
 // is 512 groups of 4 elements, the first group of chunk k at element 2048·k − shift:
 // each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
 // in flight; 8-byte ones of bf16 moments, 96 bytes) before it computes and stores them
-// (16-byte stores, 8-byte ones of bf16); the groups that the parameter's ends cut, in its
+// (16-byte stores, 8-byte ones of bf16), all with the streaming cache hint (each byte
+// passes once: the step beside other kernels leaves their data in L2); the groups that the parameter's ends cut, in its
 // first and last chunk, go element by element. (Four groups a thread would keep more bytes
 // in flight, but ptxas then spills around the calls of the division's slow path; with two,
 // 58 registers (NVRTC 11.8, sm_90; 56 with bf16 moments, which stay packed until they are
@@ -569,20 +577,20 @@ __device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M> *__restrict
 #pragma unroll
             for (int u = 0; u < TR_ADAM_VEC; u++) {
                 i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
-                g[u] = tr_ld4(q.g + i);
-                m[u] = tr_raw_ld4(q.m + i);
-                v[u] = tr_raw_ld4(q.v + i);
-                p[u] = tr_ld4(q.p + i);
+                g[u] = tr_wide4(tr_raw_ld4_cs(q.g + i));
+                m[u] = tr_raw_ld4_cs(q.m + i);
+                v[u] = tr_raw_ld4_cs(q.v + i);
+                p[u] = tr_wide4(tr_raw_ld4_cs(q.p + i));
             }
 #pragma unroll
             for (int u = 0; u < TR_ADAM_VEC; u++) {
                 i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
                 float4 mu = tr_wide4(m[u]), vu = tr_wide4(v[u]);
                 tr_adam4(p[u], g[u], mu, vu, decay, hp, ob1, ob2);
-                tr_st4(q.m + i, mu);
-                tr_st4(q.v + i, vu);
-                tr_st4(q.p + i, p[u]);
-                if (q.c != 0) tr_st4(q.c + i, p[u]);
+                tr_st4_cs(q.m + i, mu);
+                tr_st4_cs(q.v + i, vu);
+                tr_st4_cs(q.p + i, p[u]);
+                if (q.c != 0) tr_st4_cs(q.c + i, p[u]);
             }
             continue;
         }
