@@ -376,3 +376,20 @@ func ExampleCast() {
 	fmt.Println(v)
 	// Output: [1 0.1015625 448 -0.00390625]
 }
+
+// TestEventDevice checks Event.Device: the event's device while it is open, nil after
+// Close and for a nil event.
+func TestEventDevice(t *testing.T) {
+	d := device.CPU()
+	e := dt.Must(d.NewEvent())
+	if got := e.Device(); got != d {
+		t.Errorf("Device of an open event: %v, want %v", got, d)
+	}
+	dt.NoErr(t, e.Close())
+	if got := e.Device(); got != nil {
+		t.Errorf("Device of a closed event: %v, want nil", got)
+	}
+	if got := (*device.Event)(nil).Device(); got != nil {
+		t.Errorf("Device of a nil event: %v, want nil", got)
+	}
+}

@@ -231,6 +231,14 @@ func (e *Event) live(op, what string) error {
 	return nil
 }
 
+// Device returns the device of e, or nil for a nil or closed event.
+func (e *Event) Device() *Device {
+	if e == nil || e.closed.Load() {
+		return nil
+	}
+	return e.dev
+}
+
 // Record marks the current end of s's work with e.
 func (e *Event) Record(s *Stream) error {
 	if err := e.live("Event.Record", "event"); err != nil {

@@ -2,6 +2,7 @@ package moe
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/dropless/dropless/device"
 )
@@ -38,6 +39,14 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	}
 	if err := checkRows(s, g.X, "Grads.X", dt, T, H); err != nil {
 		return err
+	}
+	for _, e := range []struct {
+		ev   *device.Event
+		name string
+	}{{g.W1Ready, "Grads.W1Ready"}, {g.W2Ready, "Grads.W2Ready"}} {
+		if e.ev != nil && e.ev.Device() != s.Device() {
+			return fmt.Errorf("moe: %s: closed, or an event of another device (want one of %v)", e.name, s.Device())
+		}
 	}
 	if c.SharedFFN == 0 && (g.SharedW1 != nil || g.SharedW2 != nil) {
 		return errors.New("moe: Grads.SharedW1 and SharedW2 given but Config.SharedFFN is 0")
@@ -113,6 +122,9 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := ex.backward(da, g.W2, dyp, getA, g.Accumulate, true); err != nil {
 		return err
 	}
+	if err := ready(s, g.W2, g.W2Ready, "Grads.W2Ready"); err != nil {
+		return err
+	}
 	if err := act.done(&act.a); err != nil {
 		return err
 	}
@@ -141,6 +153,9 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	}
 	getXp := func() (*device.Tensor, error) { return act.get(s, &act.xp, reXp) }
 	if err := ex.backward(dxp, g.W1, dh, getXp, g.Accumulate, false); err != nil {
+		return err
+	}
+	if err := ready(s, g.W1, g.W1Ready, "Grads.W1Ready"); err != nil {
 		return err
 	}
 	if err := act.done(&act.xp); err != nil {
@@ -182,6 +197,19 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		return err
 	}
 	l.mark(s, "permute_bwd")
+	return nil
+}
+
+// ready records ev (the Grads field name) on s, once the backward is done with an expert
+// weight (its gradient dw written and its input gradient's read of it enqueued); nothing
+// when ev or dw is nil.
+func ready(s *device.Stream, dw *device.Tensor, ev *device.Event, name string) error {
+	if dw == nil || ev == nil {
+		return nil
+	}
+	if err := ev.Record(s); err != nil {
+		return fmt.Errorf("moe: %s: %w", name, err)
+	}
 	return nil
 }
 

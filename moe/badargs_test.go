@@ -451,6 +451,8 @@ func (f *argFixture) backwardCases() []badArg {
 	gone.Free()
 	_, other := f.forward(ls)
 	g, dy := f.grads(false), f.f32(baT, baH)
+	closed := dt.Must(s.Device().NewEvent())
+	dt.NoErr(f.t, closed.Close())
 	return []badArg{
 		{"Backward/nil_stream", "Backward: nil stream", call(l, nil, g, dy, act)},
 		{"Backward/nil_layer", "nil Layer", call(nil, s, g, dy, act)},
@@ -472,6 +474,8 @@ func (f *argFixture) backwardCases() []badArg {
 		{"Backward/shared_unwanted", "SharedFFN is 0", edit(l, func(g *Grads, p *Params) { g.SharedW2 = f.f32(baFs, baH) })},
 		{"Backward/shared_w1_shape", "Grads.SharedW1", edit(ls, func(g *Grads, p *Params) { g.SharedW1 = f.f32(baH, baFs) })},
 		{"Backward/shared_w2_dtype", "Grads.SharedW2", edit(ls, func(g *Grads, p *Params) { g.SharedW2 = f.i32(baFs, baH) })},
+		{"Backward/closed_w2ready", "Grads.W2Ready", edit(l, func(g *Grads, p *Params) { g.W2Ready = closed })},
+		{"Backward/closed_w1ready", "Grads.W1Ready", edit(l, func(g *Grads, p *Params) { g.W1Ready = closed })},
 		{"Backward/freed_param", "Params.W2", edit(l, func(g *Grads, p *Params) { freed(p.W2) })},
 		{"Backward/freed_shared_param", "Params.SharedW1", edit(ls, func(g *Grads, p *Params) { freed(p.SharedW1) })},
 	}

@@ -119,6 +119,13 @@ type Grads struct {
 	// Accumulate adds the weight gradients to the tensors instead of overwriting them
 	// (X is always overwritten).
 	Accumulate bool
+	// W2Ready and W1Ready, when not nil (and W2, W1 given), are recorded on Backward's
+	// stream as soon as the backward is done with that expert weight: its gradient
+	// written and the input gradient that reads the weight enqueued (W2's before
+	// SwiGLU's backward and W1's products, W1's before the router's and X's gradients).
+	// An optimizer step of the weight on another stream that waits for the event
+	// overlaps the rest of the backward. Events of the stream's device.
+	W2Ready, W1Ready *device.Event
 }
 
 // wshape returns the shape of a [g, k, n] weight in layout l.

@@ -66,7 +66,10 @@
 // (kernels/*.cu, compiled by NVRTC at first use) on a GPU, Go code on the CPU, which is
 // also the tests' reference. Nothing waits for the device except calls that say so:
 // Stats, Permutation.DroppedCount, the Check of a Permutation's Status, and the count
-// exchange of an expert-parallel Layout.
+// exchange of an expert-parallel Layout. Grads.W2Ready and W1Ready are events that
+// Backward records on its stream as soon as it is done with each expert weight, so that
+// an optimizer step of that weight on another stream can overlap the rest of the
+// backward.
 //
 // # Expert parallelism and offloading
 //

@@ -315,7 +315,7 @@ func TestLayerFP8Deterministic(t *testing.T) {
 }
 
 // TestLayerBackwardTwice runs Backward twice on the activations of one Forward, in each
-// precision: the gradients are the same,
+// precision, the second time with Grads.W2Ready and W1Ready: the gradients are the same,
 // also for the permuted x that an FP8 layer does not keep (recomputed for each Backward).
 func TestLayerBackwardTwice(t *testing.T) {
 	tc := fp8Cases[0]

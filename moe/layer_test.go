@@ -163,7 +163,15 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 		if Fs > 0 {
 			g2.SharedW1, g2.SharedW2 = mk0(typ, wshape(c.Layout, 1, H, 2*Fs)[1:]...), mk0(typ, wshape(c.Layout, 1, Fs, H)[1:]...)
 		}
+		g2.W1Ready, g2.W2Ready = dt.Must(s.Device().NewEvent()), dt.Must(s.Device().NewEvent())
+		defer g2.W1Ready.Close()
+		defer g2.W2Ready.Close()
 		dt.NoErr(t, lay.Backward(s, g2, dy, act))
+		for _, e := range []*device.Event{g2.W2Ready, g2.W1Ready} {
+			if d, err := e.Since(g2.W2Ready); err != nil || d < 0 {
+				t.Errorf("Grads.W1Ready or W2Ready after Backward: %v, %v; want both recorded, W2's first", d, err)
+			}
+		}
 		for i, w := range [][2]*device.Tensor{{g.X, g2.X}, {g.Router, g2.Router}, {g.W1, g2.W1}, {g.W2, g2.W2}, {g.SharedW1, g2.SharedW1}, {g.SharedW2, g2.SharedW2}} {
 			if w[0] == nil {
 				continue

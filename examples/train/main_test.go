@@ -379,7 +379,7 @@ func TestProfile(t *testing.T) {
 	_, out := runOK(t, o)
 	want := []string{"profile of step 4", stageEmbed, layerStage(1, stageMoEFwd), layerStage(0, stageAddNorm), stageOutput,
 		stageOutputBwd, layerStage(0, stageMoEBwd), layerStage(1, stageNormBwd), stageEmbedBwd, stageGradSum, stageAdamW,
-		stageEmbedSort, layerStage(1, stageAdamWExp), // on the second stream
+		stageEmbedSort, layerStage(1, stageAdamWW2), layerStage(0, stageAdamWW1), // on the second stream
 		"MoE layers", "TFLOP/s", "GB/s", "ms/step (MoE", "GFLOP/s", "MFU: none"}
 	for _, w := range want {
 		if !strings.Contains(out, w) {

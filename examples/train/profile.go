@@ -13,19 +13,20 @@ import (
 
 // The stages of a training step, in order; a layer's stages are prefixed with "L<l> ".
 const (
-	stageEmbedSort = "embed sort"    // the grouping of the batch's rows by token that the embedding's gradient reads, on the side stream beside the forward
-	stageEmbed     = "embed+norm"    // embedding and the first norm
-	stageMoEFwd    = "moe fwd"       // a layer's MoE forward
-	stageAddNorm   = "add+norm"      // its residual add and the next norm
-	stageOutput    = "output+loss"   // output projection and softmax cross-entropy
-	stageStats     = "stats"         // routing statistics added up on the device
-	stageOutputBwd = "output bwd"    // output projection's gradients and the last norm's
-	stageMoEBwd    = "moe bwd"       // a layer's MoE backward
-	stageNormBwd   = "norm bwd"      // the gradient of its norm, added to the residual's
-	stageEmbedBwd  = "embed bwd"     // the embedding table's gradient: each table row's sum over its rows
-	stageGradSum   = "grad sum"      // replicated parameters' gradients summed over the ranks
-	stageAdamW     = "adamw"         // the optimizer step of the parameters but the experts'
-	stageAdamWExp  = "adamw experts" // a layer's experts' optimizer step, on the side stream
+	stageEmbedSort = "embed sort"  // the grouping of the batch's rows by token that the embedding's gradient reads, on the side stream beside the forward
+	stageEmbed     = "embed+norm"  // embedding and the first norm
+	stageMoEFwd    = "moe fwd"     // a layer's MoE forward
+	stageAddNorm   = "add+norm"    // its residual add and the next norm
+	stageOutput    = "output+loss" // output projection and softmax cross-entropy
+	stageStats     = "stats"       // routing statistics added up on the device
+	stageOutputBwd = "output bwd"  // output projection's gradients and the last norm's
+	stageMoEBwd    = "moe bwd"     // a layer's MoE backward
+	stageNormBwd   = "norm bwd"    // the gradient of its norm, added to the residual's
+	stageEmbedBwd  = "embed bwd"   // the embedding table's gradient: each table row's sum over its rows
+	stageGradSum   = "grad sum"    // replicated parameters' gradients summed over the ranks
+	stageAdamW     = "adamw"       // the optimizer step of the parameters but the experts'
+	stageAdamWW2   = "adamw w2"    // a layer's experts' optimizer step of W2, on the side stream
+	stageAdamWW1   = "adamw w1"    // and of W1
 )
 
 func layerStage(l int, stage string) string { return fmt.Sprintf("L%d %s", l, stage) }
@@ -312,9 +313,13 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 		return 0, W*b*(e*H+4) + 4*W*V*H // each row read W times (in the compute dtype) through perm
 	case stageAdamW:
 		return 0, m.adam.bytes()
-	case stageAdamWExp:
+	case stageAdamWW1:
 		if l >= 0 && l < len(m.adamExp) {
 			return 0, m.adamExp[l].bytes()
+		}
+	case stageAdamWW2:
+		if l >= 0 && l < len(m.adamW2) {
+			return 0, m.adamW2[l].bytes()
 		}
 	case stageGradSum:
 		R := float64(m.dist.Size())
@@ -352,7 +357,7 @@ func (m *Model) printProfile(w io.Writer, st, side []stageTime, B int, host time
 	fmt.Fprintf(w, "  %-16s %10.3f %6.1f%%  MoE layers %.3f ms, the rest %.3f ms; host %.3f ms to enqueue the step\n",
 		"step", total.Seconds()*1e3, 100.0, moe.Seconds()*1e3, (total-moe).Seconds()*1e3, host.Seconds()*1e3)
 	if len(side) > 0 {
-		fmt.Fprintf(w, "  on a second stream (part of the time above): the embedding's grouping beside the forward, each layer's experts' AdamW beside what follows its backward:\n")
+		fmt.Fprintf(w, "  on a second stream (part of the time above): the embedding's grouping beside the forward, each layer's experts' AdamW, W2's beside the rest of the layer's backward, W1's beside what follows it:\n")
 	}
 	for _, x := range side {
 		fmt.Fprintf(w, "  %-16s %10.3f %7s  %s\n", x.name, x.d.Seconds()*1e3, "", rate(x))
