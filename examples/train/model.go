@@ -106,8 +106,9 @@ type modelOptions struct {
 // two kinds, which go to a second stream that the model's stream waits for before the
 // step ends: the embedding gradient's grouping of the batch's rows by token, at the start
 // of the step (beside the forward), and the AdamW steps of the experts' weights, W2's and
-// W1's each as soon as its layer's backward is done with it (moe.Grads' W2Ready, W1Ready). Over R ranks each holds E/R experts of every layer and a replica
-// of every other parameter, whose gradients it sums with the other ranks'.
+// W1's each as soon as its layer's backward is done with it (moe.Grads' W2Ready and
+// W1Ready). Over R ranks each holds E/R experts of every layer and a replica of every
+// other parameter, whose gradients it sums with the other ranks'.
 type Model struct {
 	Config ModelConfig
 	Step   int // optimizer steps taken
@@ -130,13 +131,13 @@ type Model struct {
 	dpGrad     *device.Tensor  // F32: the gradients of the replicated parameters, back to back (each at a multiple of gradAlign)
 	dpRecv     *device.Tensor  // F32[R·len(dpGrad)]: the ranks' gradients, gathered (R > 1)
 	adam       *adamTable      // the parameters but the experts'
-	adamExp    []*adamTable    // each layer's experts' W1, stepped on side as soon as the layer's backward has made its gradient
+	adamW1     []*adamTable    // each layer's experts' W1, stepped on side as soon as the layer's backward is done with it
 	adamW2     []*adamTable    // each layer's experts' W2, likewise
 	side       *device.Stream  // the embedding gradient's grouping and the experts' AdamW steps, beside s
 	evBatch    *device.Event   // the step's batch on the device, on s: side's grouping waits for it
 	evGroup    *device.Event   // the step's grouping done (on side, or on s with serialSide): the embedding's sums wait for it
-	evGrad     []*device.Event // each layer's W1 gradient done, on s (moe.Grads.W1Ready)
-	evW2       []*device.Event // each layer's W2 gradient done, on s (moe.Grads.W2Ready)
+	evW1       []*device.Event // each layer's backward done with W1, on s (moe.Grads.W1Ready)
+	evW2       []*device.Event // and with W2 (moe.Grads.W2Ready)
 	evSide     *device.Event   // side's work done
 	serialSide bool            // the side stream's work on s instead, in order: the grouping before the forward, the experts' AdamW at the end (tests compare)
 	stats      *device.Tensor  // I64[L, E+1]: each layer's load per expert, then dropped assignments
@@ -290,7 +291,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	dpOff := 0
 	var adam []adamParam
-	adamExp, adamW2 := make([][]adamParam, cfg.Layers), make([][]adamParam, cfg.Layers)
+	adamW1, adamW2 := make([][]adamParam, cfg.Layers), make([][]adamParam, cfg.Layers)
 	for _, sp := range specs {
 		p := &param{name: sp.name, full: sp.full, shape: append([]int(nil), sp.full...), decay: sp.decay, expert: sp.expert}
 		vals := make([]float32, numel(sp.full))
@@ -334,7 +335,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 		case sp.expert && strings.HasSuffix(sp.name, ".w2"):
 			adamW2[sp.layer] = append(adamW2[sp.layer], q) // not summed over the ranks: stepped as soon as the layer's backward makes it
 		case sp.expert:
-			adamExp[sp.layer] = append(adamExp[sp.layer], q) // likewise
+			adamW1[sp.layer] = append(adamW1[sp.layer], q) // likewise
 		default:
 			adam = append(adam, q)
 		}
@@ -359,7 +360,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 			tabs *[]*adamTable
 			ps   []adamParam
 			evs  *[]*device.Event
-		}{{&m.adamExp, adamExp[l], &m.evGrad}, {&m.adamW2, adamW2[l], &m.evW2}} {
+		}{{&m.adamW1, adamW1[l], &m.evW1}, {&m.adamW2, adamW2[l], &m.evW2}} {
 			t, err := newAdamTable(s, c.ps)
 			if err != nil {
 				return nil, m.freeAfter(err)
@@ -382,7 +383,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 		pre := fmt.Sprintf("layer%d.", l)
 		ps := func(name string) *param { return byName[pre+name] }
 		mp := &moe.Params{Router: ps("router").w, W1: ps("w1").cw(), W2: ps("w2").cw()}
-		mg := &moe.Grads{Router: ps("router").g, W1: ps("w1").g, W2: ps("w2").g, W2Ready: m.evW2[l], W1Ready: m.evGrad[l]}
+		mg := &moe.Grads{Router: ps("router").g, W1: ps("w1").g, W2: ps("w2").g, W2Ready: m.evW2[l], W1Ready: m.evW1[l]}
 		if cfg.SharedFFN > 0 {
 			mp.SharedW1, mp.SharedW2 = ps("shared_w1").cw(), ps("shared_w2").cw()
 			mg.SharedW1, mg.SharedW2 = ps("shared_w1").g, ps("shared_w2").g
@@ -448,19 +449,23 @@ func (m *Model) Free() error {
 	if m.side != nil {
 		errs = append(errs, m.side.Synchronize(), m.side.Close())
 	}
-	for _, t := range append(m.adamExp, m.adamW2...) {
-		errs = append(errs, t.Free())
+	for _, tabs := range [][]*adamTable{m.adamW1, m.adamW2} {
+		for _, t := range tabs {
+			errs = append(errs, t.Free())
+		}
 	}
-	for _, e := range append(append(m.evGrad, m.evW2...), m.evSide, m.evBatch, m.evGroup) {
-		if e != nil {
-			errs = append(errs, e.Close())
+	for _, evs := range [][]*device.Event{m.evW1, m.evW2, {m.evSide, m.evBatch, m.evGroup}} {
+		for _, e := range evs {
+			if e != nil {
+				errs = append(errs, e.Close())
+			}
 		}
 	}
 	errs = append(errs, m.mem.Free())
 	for _, g := range m.groups {
 		errs = append(errs, g.Close())
 	}
-	m.params, m.groups, m.adam, m.adamExp, m.side, m.evGrad, m.evSide = nil, nil, nil, nil, nil, nil, nil
+	m.params, m.groups, m.adam, m.adamW1, m.side, m.evW1, m.evSide = nil, nil, nil, nil, nil, nil, nil
 	m.evBatch, m.evGroup, m.adamW2, m.evW2 = nil, nil, nil, nil
 	return errors.Join(errs...)
 }

@@ -610,7 +610,7 @@ func TestAdamWVector(t *testing.T) {
 				cfg := ModelConfig{Vocab: 13, Window: 3, Hidden: 8, FFN: 4, SharedFFN: 6, Experts: 4, TopK: 2, Layers: 2}
 				m := dt.Must(newModel(d, cfg, 3, modelOptions{DType: typ, Moments: moments}))
 				n := 0
-				for _, tab := range append(append([]*adamTable{m.adam}, m.adamExp...), m.adamW2...) {
+				for _, tab := range append(append([]*adamTable{m.adam}, m.adamW1...), m.adamW2...) {
 					if tab.moments != moments {
 						t.Errorf("%s: an AdamW table's moments are %v", what, tab.moments)
 					}

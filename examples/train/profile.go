@@ -314,8 +314,8 @@ func (m *Model) stageWork(stage string, B int) (flops, bytes float64) {
 	case stageAdamW:
 		return 0, m.adam.bytes()
 	case stageAdamWW1:
-		if l >= 0 && l < len(m.adamExp) {
-			return 0, m.adamExp[l].bytes()
+		if l >= 0 && l < len(m.adamW1) {
+			return 0, m.adamW1[l].bytes()
 		}
 	case stageAdamWW2:
 		if l >= 0 && l < len(m.adamW2) {

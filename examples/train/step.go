@@ -311,9 +311,11 @@ func (m *Model) trainStep(tok *device.Tensor, h adamHyper, lr float64) (err erro
 		return err
 	}
 	if m.serialSide {
-		for _, t := range append(m.adamW2, m.adamExp...) {
-			if err := t.step(m.s, h, m.Step); err != nil {
-				return err
+		for l := range m.adamW1 {
+			for _, t := range []*adamTable{m.adamW2[l], m.adamW1[l]} {
+				if err := t.step(m.s, h, m.Step); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -370,9 +372,9 @@ func (m *Model) groupEmbed(ws *workspace, tok *device.Tensor) error {
 // stepExperts applies the step's AdamW to layer l's expert weights on the side stream as
 // soon as the backward on the model's stream has made their gradients (which no rank sums
 // with another's): W2's and W1's once the layer's backward is done with each, its
-// gradient written and its last read enqueued (m.evW2[l] and m.evGrad[l], which the
-// layer records midway through its backward: moe.Grads' W2Ready and W1Ready), so that they overlap the rest of the backward and what follows
-// it: where the model's stream has the GPU's priority (the training loop's, without
+// gradient written and its last read enqueued (m.evW2[l] and m.evW1[l], which the
+// layer records midway through its backward: moe.Grads' W2Ready and W1Ready), so that
+// they overlap the rest of the backward and what follows it: where the model's stream has the GPU's priority (the training loop's, without
 // expert parallelism), the step's blocks fill what its kernels leave. Called once the
 // layer's Backward is enqueued. The results are those of one step over every parameter
 // at the end, bit for bit.
@@ -381,7 +383,7 @@ func (m *Model) stepExperts(l int, h adamHyper) error {
 		ev    *device.Event
 		t     *adamTable
 		stage string
-	}{{m.evW2[l], m.adamW2[l], stageAdamWW2}, {m.evGrad[l], m.adamExp[l], stageAdamWW1}} {
+	}{{m.evW2[l], m.adamW2[l], stageAdamWW2}, {m.evW1[l], m.adamW1[l], stageAdamWW1}} {
 		if err := m.side.Wait(c.ev); err != nil {
 			return err
 		}

@@ -549,8 +549,8 @@ __device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M> &q, i64 i, f
 // each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
 // in flight; 8-byte ones of bf16 moments, 96 bytes) before it computes and stores them
 // (16-byte stores, 8-byte ones of bf16), all with the streaming cache hint (each byte
-// passes once: the step beside other kernels leaves their data in L2); the groups that the parameter's ends cut, in its
-// first and last chunk, go element by element. (Four groups a thread would keep more bytes
+// passes once: the step beside other kernels leaves their data in L2); the groups that
+// the parameter's ends cut, in its first and last chunk, go element by element. (Four groups a thread would keep more bytes
 // in flight, but ptxas then spills around the calls of the division's slow path; with two,
 // 58 registers (NVRTC 11.8, sm_90; 56 with bf16 moments, which stay packed until they are
 // computed) let four blocks share a multiprocessor, 128 KB in flight on each.)
