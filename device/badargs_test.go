@@ -112,6 +112,10 @@ func TestBadArgs(t *testing.T) {
 		{"nil EndCapture", func() error { return second(nilS.EndCapture()) }, "EndCapture: nil stream"},
 		{"closed EndCapture", func() error { return second(closed.EndCapture()) }, "EndCapture: stream was closed"},
 		{"EndCapture not capturing", func() error { return second(s.EndCapture()) }, "not capturing"},
+		{"nil SetMultiprocessors", func() error { return nilS.SetMultiprocessors(1) }, "SetMultiprocessors: nil stream"},
+		{"closed SetMultiprocessors", func() error { return closed.SetMultiprocessors(1) }, "SetMultiprocessors: stream was closed"},
+		{"SetMultiprocessors negative", func() error { return s.SetMultiprocessors(-1) }, "n is -1, want 0 (all) to"},
+		{"SetMultiprocessors past the device's", func() error { return s.SetMultiprocessors(c.Multiprocessors() + 1) }, "want 0 (all) to"},
 		{"nil WaitAtLeast", func() error { return nilS.WaitAtLeast(0, 1) }, "WaitAtLeast: nil stream"},
 		{"WaitAtLeast on cpu", func() error { return s.WaitAtLeast(0, 1) }, "WaitAtLeast on cpu"},
 

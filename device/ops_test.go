@@ -393,3 +393,24 @@ func TestEventDevice(t *testing.T) {
 		t.Errorf("Device of a nil event: %v, want nil", got)
 	}
 }
+
+// TestStreamMultiprocessors checks SetMultiprocessors' count as Multiprocessors reports
+// it: the device's by default and after 0, the count set otherwise, 0 for a nil stream.
+func TestStreamMultiprocessors(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		s := dt.Must(d.NewStream())
+		defer s.Close()
+		all := d.Multiprocessors()
+		for _, c := range []struct{ set, want int }{{-1, all}, {1, 1}, {all, all}, {0, all}} {
+			if c.set >= 0 {
+				dt.NoErr(t, s.SetMultiprocessors(c.set))
+			}
+			if got := s.Multiprocessors(); got != c.want {
+				t.Errorf("Multiprocessors() after SetMultiprocessors(%d) = %d, want %d", c.set, got, c.want)
+			}
+		}
+	})
+	if got := (*device.Stream)(nil).Multiprocessors(); got != 0 {
+		t.Errorf("Multiprocessors of a nil stream = %d, want 0", got)
+	}
+}

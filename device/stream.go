@@ -19,6 +19,7 @@ type Stream struct {
 	h      cuda.Stream
 	owned  bool
 	closed atomic.Bool
+	sms    atomic.Int32 // SetMultiprocessors' count, 0 for all
 
 	mu        sync.Mutex // CPU capture state
 	capturing bool
@@ -114,6 +115,38 @@ func (s *Stream) Close() error {
 	}
 	s.owned = false
 	return s.dev.Do(func() error { return cuda.StreamDestroy(s.h) })
+}
+
+// SetMultiprocessors sets how many multiprocessors the persistent kernels enqueued on s
+// from now on size their grids for: n in [1, Device().Multiprocessors()], or 0 for all
+// of them (the default). A persistent kernel (the gemm package's products, which keep one
+// block per multiprocessor and hand each its tiles) then leaves the other multiprocessors
+// to work on other streams, as cuBLAS's SM count target does: on a GPU kept busy by
+// products on s, a bandwidth-bound kernel on another stream runs beside them instead of
+// between them. It changes no result, only the time; kernels launched before the call
+// keep their grids, and kernels that are not persistent are not affected. On the CPU it
+// is recorded and bounds nothing.
+func (s *Stream) SetMultiprocessors(n int) error {
+	if err := s.live("Stream.SetMultiprocessors"); err != nil {
+		return err
+	}
+	if all := s.dev.Multiprocessors(); n < 0 || n > all {
+		return fmt.Errorf("device: Stream.SetMultiprocessors: n is %d, want 0 (all) to %d, the multiprocessors of %v", n, all, s.dev)
+	}
+	s.sms.Store(int32(n))
+	return nil
+}
+
+// Multiprocessors returns the multiprocessors persistent kernels enqueued on s size their
+// grids for: the count of SetMultiprocessors, or the device's (0 for a nil stream).
+func (s *Stream) Multiprocessors() int {
+	if s == nil {
+		return 0
+	}
+	if n := s.sms.Load(); n > 0 {
+		return int(n)
+	}
+	return s.dev.Multiprocessors()
 }
 
 // Closed reports whether s was closed (false for a nil stream and for the device's

@@ -258,7 +258,7 @@ func (c *call) gpu(s *device.Stream) error {
 	if !raggedK && bf16 && G+1 <= schedMax {
 		smem += 4 * (G + 1)
 	}
-	grid := int64(d.Multiprocessors() * occ)
+	grid := int64(s.Multiprocessors() * occ)
 	if grid > bound {
 		grid = bound
 	}

@@ -112,6 +112,16 @@ type fp8Launch struct {
 	aRows uint32
 }
 
+// gridOn returns the persistent grid of k on s: k.grid, at most s.Multiprocessors()
+// blocks, an even count of at least 2 for the two-CTA kernels.
+func (k fp8Launch) gridOn(s *device.Stream) int {
+	n := min(k.grid, s.Multiprocessors())
+	if k.aRows == fp8Block/2 {
+		n = max(n&^1, 2)
+	}
+	return n
+}
+
 // fp8Kernel returns the kernel prefix+"_"+A's type+"_"+B's type (or its _x2 form) for d.
 func fp8Kernel(d *device.Device, prefix string, a, b *device.Tensor) (fp8Launch, error) {
 	an, err := fp8Name("A", a)
@@ -193,7 +203,7 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 		return err
 	}
 	f32 := y.DType() == device.F32
-	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), f32)
 }
 
@@ -234,7 +244,7 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	if err != nil {
 		return err
 	}
-	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
 		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
 }
 
@@ -371,7 +381,7 @@ func MXFP8GEMM(s *device.Stream, y *device.Tensor, a, b MXOperand, sizes *device
 		return err
 	}
 	f32 := y.DType() == device.F32
-	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(cp), grouped, y, b.Scale, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(cp), grouped, y, b.Scale, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), f32)
 }
 
@@ -410,6 +420,6 @@ func MXFP8WeightGrad(s *device.Stream, dw *device.Tensor, a, b MXOperand, M int,
 	if err != nil {
 		return err
 	}
-	return k.k.Launch(s, device.D1(k.grid), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, int32(ka), b.Scale, int32(kb), dw, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, int32(ka), b.Scale, int32(kb), dw, sizes,
 		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
 }

@@ -145,7 +145,7 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, counter); err != nil {
 		return err
 	}
-	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
+	return k.Launch(s, device.D1(s.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), counter)
 }
 
@@ -153,8 +153,8 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 // dy [M,N] given by sizes (I32[G] on the device), adding to dw when acc is set. x and dy
 // are BF16; dw is BF16 or F32. An empty group's dw is exactly zero (left as is with acc).
 // K and N must be multiples of 8 and G at most 1024. Invalid sizes write nothing and are
-// recorded in st (if not nil) as for GroupedGEMM. One launch on s; nothing is copied to
-// the host.
+// recorded in st (if not nil) as for GroupedGEMM. One launch on s, a persistent grid of
+// s.Multiprocessors() blocks; nothing is copied to the host.
 func WeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, st *device.Status, op int, acc bool) error {
 	d := s.Device()
 	if err := Supported(d); err != nil {
@@ -191,7 +191,7 @@ func WeightGrad(s *device.Stream, dw, x, dy, sizes *device.Tensor, st *device.St
 	if err != nil {
 		return err
 	}
-	return k.Launch(s, device.D1(d.Multiprocessors()), device.D1(384), smemBytes, tmX, tmDY, tmDW, dw, sizes,
+	return k.Launch(s, device.D1(s.Multiprocessors()), device.D1(384), smemBytes, tmX, tmDY, tmDW, dw, sizes,
 		int32(G), int32(M), int32(K), int32(N), st, int32(op))
 }
 
