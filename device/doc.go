@@ -17,7 +17,9 @@
 // for its work; only host copies (CopyToHost, Float32s, ...), Synchronize and event
 // waits block. On the CPU ops run when enqueued, in the caller's goroutine, spread over
 // GOMAXPROCS threads. Stream.BeginCapture and EndCapture record a stream's work as a
-// Graph that Launch replays with one call, on both devices.
+// Graph that Launch replays with one call, on both devices. Stream.SetMultiprocessors
+// bounds the grids of the persistent kernels enqueued on a stream (the gemm products),
+// leaving the other multiprocessors to kernels of other streams.
 //
 // # Memory
 //
