@@ -21,9 +21,9 @@ type adamArgs struct {
 // adamChunk is TR_ADAM_CHUNK: the elements of a parameter each block takes at a time.
 const adamChunk = 2048
 
-// adamParam is one parameter of a multi-tensor AdamW step: the parameter p and its gradient
-// g, F32, and its moments m and v, F32 or BF16 (the table's moment dtype), all of one
-// length; c, when not nil, a BF16 copy of p of the same length that the step refreshes (the
+// adamParam is one parameter of a multi-tensor AdamW step: the parameter p, F32, its
+// gradient g, F32 or BF16 (the table's gradient dtype), and its moments m and v, F32 or
+// BF16 (the table's moment dtype), all of one length; c, when not nil, a BF16 copy of p of the same length that the step refreshes (the
 // weights the compute reads).
 type adamParam struct {
 	name          string // for messages
@@ -37,6 +37,7 @@ type adamParam struct {
 type adamTable struct {
 	ps      []adamParam
 	moments device.DType   // of every parameter's m and v: F32 (tr_adamw) or BF16 (tr_adamw_bf16)
+	grads   device.DType   // of every parameter's g: F32, or BF16 (the kernels named _gbf16)
 	tab     *device.Tensor // I64[len(ps), 8] on a GPU, nil on the CPU
 	chunks  int64
 	grid    int // blocks of the launch, once known
@@ -48,7 +49,7 @@ type adamTable struct {
 // takes q's elements one at a time.
 func adamShift(q adamParam) int {
 	ms := uintptr(q.m.DType().Size())
-	addrs := []elemAddr{{q.p.Ptr(), 4}, {q.g.Ptr(), 4}, {q.m.Ptr(), ms}, {q.v.Ptr(), ms}}
+	addrs := []elemAddr{{q.p.Ptr(), 4}, {q.g.Ptr(), uintptr(q.g.DType().Size())}, {q.m.Ptr(), ms}, {q.v.Ptr(), ms}}
 	if q.c != nil {
 		addrs = append(addrs, elemAddr{q.c.Ptr(), 2})
 	}
@@ -86,14 +87,17 @@ func adamChunks(n, shift int) int64 {
 }
 
 // newAdamTable returns the table of ps, uploaded on s. Their moments are all F32 or all
-// BF16.
+// BF16, and so are their gradients.
 func newAdamTable(s *device.Stream, ps []adamParam) (*adamTable, error) {
 	if len(ps) == 0 {
 		return nil, fmt.Errorf("adamw: no parameters")
 	}
-	t := &adamTable{ps: ps, moments: device.F32} // parameter 0's moments say which
+	t := &adamTable{ps: ps, moments: device.F32, grads: device.F32} // parameter 0's tensors say which
 	if m := ps[0].m; m != nil && m.DType() == device.BF16 {
 		t.moments = device.BF16
+	}
+	if g := ps[0].g; g != nil && g.DType() == device.BF16 {
+		t.grads = device.BF16
 	}
 	words := make([]int64, 0, 8*len(ps))
 	for i, q := range ps {
@@ -103,7 +107,7 @@ func newAdamTable(s *device.Stream, ps []adamParam) (*adamTable, error) {
 			t    *device.Tensor
 			dt   device.DType
 		}{
-			{"parameter", q.p, device.F32}, {"gradient", q.g, device.F32},
+			{"parameter", q.p, device.F32}, {"gradient", q.g, t.grads},
 			{"first moment", q.m, t.moments}, {"second moment", q.v, t.moments}, {"compute copy", q.c, device.BF16},
 		} {
 			if c.t == nil && c.what == "compute copy" {
@@ -149,9 +153,9 @@ func (t *adamTable) spread() { t.grid = int(max(t.chunks, 1)) }
 // bytes returns the bytes a step of t reads and writes: p, g, m and v read, p, m, v and
 // the compute copy written.
 func (t *adamTable) bytes() float64 {
-	ms, b := float64(t.moments.Size()), 0.0
+	ms, gs, b := float64(t.moments.Size()), float64(t.grads.Size()), 0.0
 	for _, q := range t.ps {
-		b += float64(q.p.Len()) * (12 + 4*ms)
+		b += float64(q.p.Len()) * (8 + gs + 4*ms)
 		if q.c != nil {
 			b += float64(q.c.Len()) * 2
 		}
@@ -185,9 +189,10 @@ func adamStep(p, g, m, v, decay float32, a adamArgs) (p2, m2, v2 float32) {
 // step applies AdamW step n (1, 2, ...) to every parameter of the table, on s:
 // decoupled weight decay p·(1 − lr·wd) for the parameters that take it, then the
 // bias-corrected Adam update, and the compute copies refreshed. BF16 moments are widened,
-// stepped in float32 as F32 ones are, and rounded back to nearest even. On a GPU it is one
-// launch of tr_adamw (tr_adamw_bf16 for BF16 moments), as many blocks as fit on the device
-// at once (one a chunk after spread).
+// stepped in float32 as F32 ones are, and rounded back to nearest even; BF16 gradients are
+// widened. On a GPU it is one launch of tr_adamw (tr_adamw_bf16 for BF16 moments, with
+// _gbf16 for BF16 gradients), as many blocks as fit on the device at once (one a chunk
+// after spread).
 func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 	if n < 1 {
 		return fmt.Errorf("adamw: step %d, want ≥ 1", n)
@@ -202,6 +207,9 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 		name := "tr_adamw"
 		if t.moments == device.BF16 {
 			name = "tr_adamw_bf16"
+		}
+		if t.grads == device.BF16 {
+			name += "_gbf16"
 		}
 		if t.grid == 0 {
 			k, err := s.Device().Kernel(program, name)
@@ -222,7 +230,20 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 			if q.decay {
 				decay = a.Decay
 			}
-			pv, gv := device.Slice[float32](q.p), device.Slice[float32](q.g)
+			pv := device.Slice[float32](q.p)
+			var gv []float32
+			var gh []uint16
+			if t.grads == device.BF16 {
+				gh = device.Slice[uint16](q.g)
+			} else {
+				gv = device.Slice[float32](q.g)
+			}
+			grad := func(i int) float32 { // a BF16 gradient widened exactly
+				if gh != nil {
+					return device.BF16ToFloat32(gh[i])
+				}
+				return gv[i]
+			}
 			var cv []uint16
 			if q.c != nil {
 				cv = device.Slice[uint16](q.c)
@@ -232,7 +253,7 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 				par.For(len(pv), 1<<14, func(lo, hi int) {
 					for i := lo; i < hi; i++ {
 						var m, v float32
-						pv[i], m, v = adamStep(pv[i], gv[i], device.BF16ToFloat32(mh[i]), device.BF16ToFloat32(vh[i]), decay, a)
+						pv[i], m, v = adamStep(pv[i], grad(i), device.BF16ToFloat32(mh[i]), device.BF16ToFloat32(vh[i]), decay, a)
 						mh[i], vh[i] = device.BF16FromFloat32(m), device.BF16FromFloat32(v)
 						if cv != nil {
 							cv[i] = device.BF16FromFloat32(pv[i])
@@ -244,7 +265,7 @@ func (t *adamTable) step(s *device.Stream, h adamHyper, n int) error {
 			mv, vv := device.Slice[float32](q.m), device.Slice[float32](q.v)
 			par.For(len(pv), 1<<14, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
-					pv[i], mv[i], vv[i] = adamStep(pv[i], gv[i], mv[i], vv[i], decay, a)
+					pv[i], mv[i], vv[i] = adamStep(pv[i], grad(i), mv[i], vv[i], decay, a)
 					if cv != nil {
 						cv[i] = device.BF16FromFloat32(pv[i])
 					}

@@ -57,6 +57,10 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 	if err != nil {
 		return nil, err
 	}
+	grads, err := o.gradType()
+	if err != nil {
+		return nil, err
+	}
 	prec, err := o.precision()
 	if err != nil {
 		return nil, err
@@ -89,7 +93,7 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, s.Close()) }()
-	mo := modelOptions{DType: dt, Moments: moments, Precision: prec, Stream: s, Dist: dd}
+	mo := modelOptions{DType: dt, Moments: moments, Grads: grads, Precision: prec, Stream: s, Dist: dd}
 	if o.Offload != "" {
 		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, B, R, dt), Policy: pol}); err != nil {
 			return nil, err
@@ -279,8 +283,13 @@ func (m *Model) printHeader(w io.Writer, name string, o options, B int) {
 		name, cfg.Window, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK, cfg.Layers, kind,
 		dense+expert, expert, dense+expert*cfg.TopK/cfg.Experts)
 	train := fmt.Sprintf("%v compute (f32 weights, gradients and AdamW state)", m.dt)
-	if m.moments != device.F32 {
+	switch {
+	case m.moments != device.F32 && m.grads != device.F32:
+		train = fmt.Sprintf("%v compute (f32 weights, %v expert gradients, f32 others, %v AdamW moments)", m.dt, m.grads, m.moments)
+	case m.moments != device.F32:
 		train = fmt.Sprintf("%v compute (f32 weights and gradients, %v AdamW moments)", m.dt, m.moments)
+	case m.grads != device.F32:
+		train = fmt.Sprintf("%v compute (f32 weights and AdamW state, %v expert gradients, f32 others)", m.dt, m.grads)
 	}
 	switch m.prec {
 	case moe.PrecisionBlockwise:

@@ -45,6 +45,12 @@
 // to nearest even, and AdamW moves 8 bytes less per parameter (20 instead of 28; 22
 // instead of 30 with a bf16 compute copy). A checkpoint records the moments' dtype;
 // resuming with the other converts them (f32 to bf16 rounds, bf16 to f32 is exact).
+// -grads bf16 has the MoE layers write their experts' weight gradients in bf16, their
+// f32 sums rounded once, which AdamW widens: 4 bytes less per expert parameter and step
+// (2 written, 2 read), for the weights that hold nearly all the model's parameters. It
+// is a numerics choice: without gradient accumulation over micro-batches (the reason
+// DeepSeek-V3 keeps f32 gradients) the rounding is one of 2^-9 relative, below that of
+// bf16 moments.
 // -precision fp8 or mxfp8 runs the six expert GEMMs of every MoE layer in FP8
 // (moe.Config.Precision): E4M3 operands, quantized right before each GEMM with
 // DeepSeek-V3's blockwise f32 scales or MXFP8's power-of-two ones per 32 elements,
@@ -101,7 +107,7 @@ type options struct {
 	Device, Out, Data, Packages                                         string
 	MaxBytes, EvalEvery, EvalTokens                                     int
 	Resume, NoPlot                                                      bool
-	DType, Moments, Precision, Offload                                  string
+	DType, Moments, Grads, Precision, Offload                           string
 	EP                                                                  int
 	NCCL, Profile                                                       bool
 }
@@ -113,7 +119,7 @@ func defaultOptions() options {
 		Capacity: 1, Seed: 1, Out: "train-out",
 		Packages: "strings,bytes,fmt,sort,strconv,bufio,unicode/utf8,text/template,io,errors,regexp,go/scanner",
 		MaxBytes: 4 << 20, EvalEvery: 50, EvalTokens: 4096,
-		DType: "f32", Moments: "f32", Precision: "bf16", EP: 1,
+		DType: "f32", Moments: "f32", Grads: "f32", Precision: "bf16", EP: 1,
 	}
 }
 
@@ -148,6 +154,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "most bytes of text to read")
 	fs.StringVar(&o.DType, "dtype", o.DType, "compute dtype of the MoE layers and the output projection: f32, or bf16 (tensor cores; weights and gradients stay f32, AdamW's moments as -moments says)")
 	fs.StringVar(&o.Moments, "moments", o.Moments, "dtype of AdamW's first and second moments: f32, or bf16 (computed in f32, rounded to nearest even after each step: AdamW moves 8 bytes less per parameter)")
+	fs.StringVar(&o.Grads, "grads", o.Grads, "dtype of the experts' weight gradients: f32, or bf16 (the GEMMs' f32 sums rounded to nearest even once: the weight gradients write, and AdamW reads, 2 bytes less per expert parameter; the other gradients stay f32)")
 	fs.StringVar(&o.Precision, "precision", o.Precision, "arithmetic of the MoE layers' expert GEMMs: bf16 (in the -dtype, f32 or bf16), fp8 (E4M3 with DeepSeek-V3's blockwise f32 scales) or mxfp8 (E4M3 with a power-of-two scale per 32 elements); FP8 needs -hidden and -ffn multiples of 16")
 	fs.IntVar(&o.EP, "ep", o.EP, "expert-parallel ranks N: each holds E/N experts of every layer and B/N rows of every batch, the other parameters data parallel (goroutine ranks in this process, or see -nccl)")
 	fs.BoolVar(&o.NCCL, "nccl", o.NCCL, "make the -ep ranks NCCL ranks on GPUs 0 to N-1 of this process (under torchrun's WORLD_SIZE, RANK, ... this process is one rank)")
@@ -255,6 +262,9 @@ func (o options) computeType() (device.DType, error) { return floatType("-dtype"
 
 // momentType returns the dtype of -moments.
 func (o options) momentType() (device.DType, error) { return floatType("-moments", o.Moments) }
+
+// gradType returns the dtype of -grads.
+func (o options) gradType() (device.DType, error) { return floatType("-grads", o.Grads) }
 
 // floatType returns the dtype named by name, F32 or BF16; what names it in the error.
 func floatType(what, name string) (device.DType, error) {

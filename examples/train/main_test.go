@@ -263,6 +263,7 @@ func TestErrors(t *testing.T) {
 		{func(o *options) { o.DType = "f16" }, "-dtype"},
 		{func(o *options) { o.Moments = "f16" }, "-moments"},
 		{func(o *options) { o.Moments = "" }, "-moments"},
+		{func(o *options) { o.Grads = "f16" }, "-grads"},
 		{func(o *options) { o.Offload = "moe_mlpwi=disk" }, "-offload"},
 		{func(o *options) { o.Precision = "fp16" }, `-precision "fp16", want bf16, fp8 or mxfp8`},
 		{func(o *options) { o.Precision = "" }, `-precision "", want bf16, fp8 or mxfp8`},
@@ -407,6 +408,43 @@ func TestBF16(t *testing.T) {
 			}
 			if want := f32.Models[i].Heldout; math.Abs(r.Heldout-want) > 0.05*want {
 				t.Errorf("%s: final held-out loss %.4f with bf16 compute, %.4f with f32 on the CPU", r.Name, r.Heldout, want)
+			}
+		}
+	})
+}
+
+// TestGrads trains the tiny dropless model with -grads bf16 on each device, in f32 and
+// bf16 compute, and checks that the experts' gradients are bf16 and the others f32, that
+// the losses fall and end near those of f32 gradients, and that the output says so.
+func TestGrads(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		for _, dtype := range []string{"f32", "bf16"} {
+			o := tinyOptions(t)
+			o.Device, o.NoPlot, o.Capacity, o.DType = d.String(), true, 0, dtype
+			f32, _ := runOK(t, o)
+			o.Out, o.Grads = t.TempDir(), "bf16"
+			rep, out := runOK(t, o)
+			if !strings.Contains(out, "bf16 expert gradients") {
+				t.Errorf("-dtype %s: output does not say bf16 expert gradients:\n%s", dtype, out)
+			}
+			r := rep.Models[0]
+			if !(r.Heldout < r.First-0.5) {
+				t.Errorf("-dtype %s: held-out loss did not fall: %.3f", dtype, r.History.Eval)
+			}
+			if want := f32.Models[0].Heldout; math.Abs(r.Heldout-want) > 0.05*want {
+				t.Errorf("-dtype %s: final held-out loss %.4f with bf16 expert gradients, %.4f with f32 ones", dtype, r.Heldout, want)
+			}
+		}
+		cfg := tinyOptions(t).modelConfig(0)
+		m := dt.Must(newModel(d, cfg, 1, modelOptions{DType: device.BF16, Grads: device.BF16}))
+		defer m.Free()
+		for _, p := range m.params {
+			want := device.F32
+			if p.expert {
+				want = device.BF16
+			}
+			if p.g.DType() != want {
+				t.Errorf("%s's gradient is %v, want %v", p.name, p.g, want)
 			}
 		}
 	})

@@ -87,6 +87,10 @@ func (c ModelConfig) epConfig() ep.Config {
 type modelOptions struct {
 	DType   device.DType // compute dtype of the MoE layers and the output projection: F32 or BF16
 	Moments device.DType // dtype of AdamW's moments: F32 (also the zero value) or BF16
+	// Grads is the dtype of the experts' weight gradients, which the MoE layers' weight
+	// gradients write (their f32 sums rounded once) and AdamW reads: F32 (also the zero
+	// value) or BF16. The other parameters' gradients, summed over the ranks, stay F32.
+	Grads device.DType
 	// Precision is the arithmetic of the MoE layers' expert GEMMs: moe.PrecisionBF16
 	// (the zero value: in the compute dtype) or an FP8 recipe, whose layers cache their
 	// W1 and W2 quantized until the model invalidates them (after each AdamW step).
@@ -99,7 +103,8 @@ type modelOptions struct {
 // Model is a window language model: the sum of position-specific embeddings of the
 // previous W tokens, L pre-norm residual blocks h += MoE(rmsnorm(h)), and a linear
 // output over the vocabulary after a last rmsnorm. Parameters and their gradients are
-// F32, AdamW's moments F32 or BF16 (modelOptions.Moments); with a BF16 compute dtype the
+// F32 (the experts' gradients F32 or BF16, modelOptions.Grads), AdamW's moments F32 or BF16
+// (modelOptions.Moments); with a BF16 compute dtype the
 // MoE layers and the output projection read BF16 copies of their weights, which AdamW
 // refreshes; with an FP8 precision (modelOptions.Precision) the MoE layers quantize their
 // experts' weights anew after each step. Every op is enqueued on the model's stream but
@@ -116,6 +121,7 @@ type Model struct {
 	s          *device.Stream
 	dt         device.DType
 	moments    device.DType  // of AdamW's moments
+	grads      device.DType  // of the experts' weight gradients
 	prec       moe.Precision // of the expert GEMMs
 	dist       *dist
 	groups     []*ep.Group // one per layer over R > 1 ranks
@@ -146,8 +152,8 @@ type Model struct {
 	tl         *stepMarks // where the step's stages are marked (nil: nowhere)
 }
 
-// param is a parameter with its gradient, F32, and AdamW moments, of the model's moment
-// dtype, all of one shape, and the BF16 copy the compute reads when the compute dtype is
+// param is a parameter with its gradient, F32 (an expert weight's of the model's expert
+// gradient dtype), and AdamW moments, of the model's moment dtype, all of one shape, and the BF16 copy the compute reads when the compute dtype is
 // BF16.
 type param struct {
 	name       string
@@ -237,6 +243,13 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if err := computeType("AdamW's moment dtype", moments); err != nil {
 		return nil, err
 	}
+	grads := o.Grads
+	if grads == device.Invalid {
+		grads = device.F32
+	}
+	if err := computeType("the experts' gradient dtype", grads); err != nil {
+		return nil, err
+	}
 	s := o.Stream
 	if s == nil {
 		s = d.Stream()
@@ -245,7 +258,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 	if cfg.Experts%R != 0 {
 		return nil, fmt.Errorf("-experts %d over %d ranks: want a multiple of the ranks", cfg.Experts, R)
 	}
-	m := &Model{Config: cfg, s: s, dt: o.DType, moments: moments, prec: o.Precision, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
+	m := &Model{Config: cfg, s: s, dt: o.DType, moments: moments, grads: grads, prec: o.Precision, dist: o.Dist, off: o.Offload, mem: device.NewTemps(s)}
 	for range cfg.Layers {
 		var g *ep.Group
 		if R > 1 {
@@ -311,7 +324,7 @@ func newModel(d *device.Device, cfg ModelConfig, seed uint64, o modelOptions) (*
 		}
 		m.mem.Add(p.w)
 		if sp.expert {
-			p.g = m.mem.Alloc(device.F32, p.shape...)
+			p.g = m.mem.Alloc(grads, p.shape...)
 		} else if p.g, err = m.dpGrad.View(dpOff, p.shape...); err != nil {
 			return nil, m.freeAfter(err)
 		} else {

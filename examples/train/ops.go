@@ -2,6 +2,7 @@ package main
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"math"
 
@@ -243,8 +244,10 @@ func addNorm(s *device.Stream, ho, xn, rstd, hi, y *device.Tensor) error {
 // normBackward computes the gradient of the RMS norm of x F32[B,H] whose 1/rms is
 // rstd F32[B]: with xn = x·rstd, v[b,:] = rstd[b]·(dxn[b,:] − xn[b,:]·mean(dxn[b,:]·xn[b,:]))
 // for dxn F32 or BF16 [B,H]; dx F32[B,H] = v, or dx += v when accumulate. When dxc (of
-// dxn's dtype, [B,H]) is not nil it receives dx rounded to its dtype, on s.
-func normBackward(s *device.Stream, dx, dxc, dxn, x, rstd *device.Tensor, accumulate bool) error {
+// dxn's dtype, [B,H]) is not nil it receives dx rounded to its dtype; with copyOnly as
+// well, dx is left as it was (read when accumulate) and dxc alone receives the result.
+// On s.
+func normBackward(s *device.Stream, dx, dxc, dxn, x, rstd *device.Tensor, accumulate, copyOnly bool) error {
 	if err := x.CheckShape(s, "normBackward x", device.F32, -1, -1); err != nil {
 		return err
 	}
@@ -270,9 +273,12 @@ func normBackward(s *device.Stream, dx, dxc, dxn, x, rstd *device.Tensor, accumu
 	if err := rstd.CheckShape(s, "normBackward rstd", device.F32, B); err != nil {
 		return err
 	}
+	if copyOnly && dxc == nil {
+		return errors.New("normBackward: copyOnly without dxc: the result would go nowhere")
+	}
 	if s.Device().IsCUDA() {
 		vec := rowVec(H, dx, dxn, x) && (dxc == nil || rowVec(H, dxc))
-		return launch(s, "tr_norm_bwd_"+dt.String(), device.D1(max(B, 1)), 0, dx, dxc, dxn, x, rstd, int32(B), int32(H), accumulate, vec)
+		return launch(s, "tr_norm_bwd_"+dt.String(), device.D1(max(B, 1)), 0, dx, dxc, dxn, x, rstd, int32(B), int32(H), accumulate, vec, copyOnly)
 	}
 	return s.EnqueueCPU(func() {
 		ov, xv, rv, gi := device.Slice[float32](dx), device.Slice[float32](x), device.Slice[float32](rstd), rowsOf(dxn)
@@ -282,9 +288,17 @@ func normBackward(s *device.Stream, dx, dxc, dxn, x, rstd *device.Tensor, accumu
 		}
 		par.For(B, 16, func(lo, hi int) {
 			g := make([]float32, H)
+			var tmp []float32
+			if copyOnly {
+				tmp = make([]float32, H)
+			}
 			for b := lo; b < hi; b++ {
 				gi.load(g, b*H)
 				xr, o, r := xv[b*H:(b+1)*H], ov[b*H:(b+1)*H], rv[b]
+				if copyOnly {
+					copy(tmp, o)
+					o = tmp
+				}
 				var dot float32
 				for j := range g {
 					dot += g[j] * (xr[j] * r)

@@ -140,7 +140,7 @@ func (m *Model) backward(ws *workspace, acts []*moe.Activations, layerDone func(
 		err = gemm.RaggedDotInputGrad(s, ws.dxn, ws.dlogits, m.out.cw(), ws.sizes, nil)
 	}
 	if err == nil {
-		err = normBackward(s, ws.dh, ws.dhc, ws.dxn, ws.h[L], ws.rstd[L], false)
+		err = normBackward(s, ws.dh, ws.dhc, ws.dxn, ws.h[L], ws.rstd[L], false, false)
 	}
 	if err == nil {
 		err = m.mark(stageOutputBwd)
@@ -161,8 +161,9 @@ func (m *Model) backward(ws *workspace, acts []*moe.Activations, layerDone func(
 			err = layerDone(l)
 		}
 		if err == nil {
-			// The compute copy at l = 0 too: the embedding's gradient reads it.
-			err = normBackward(s, ws.dh, ws.dhc, ws.dxn, ws.h[l], ws.rstd[l], true)
+			// The compute copy at l = 0 too: the embedding's gradient reads it, and only it
+			// when there is one (copyOnly: dh's f32 is not written).
+			err = normBackward(s, ws.dh, ws.dhc, ws.dxn, ws.h[l], ws.rstd[l], true, l == 0 && ws.dhc != nil)
 		}
 		if err == nil {
 			err = m.mark(layerStage(l, stageNormBwd))

@@ -215,7 +215,7 @@ __device__ void tr_add_norm(float *__restrict__ ho, T *__restrict__ xn, float *_
 template <typename T>
 __device__ void tr_norm_bwd(float *__restrict__ dx, T *__restrict__ dxc, const T *__restrict__ dxn,
                             const float *__restrict__ x, const float *__restrict__ rstd, int B, int H,
-                            int accumulate, int vec) {
+                            int accumulate, int vec, int copyonly) {
     __shared__ float red[32];
     int b = blockIdx.x;
     if (b >= B) return;
@@ -257,7 +257,7 @@ __device__ void tr_norm_bwd(float *__restrict__ dx, T *__restrict__ dxc, const T
                 d.z = d0[q].z + d.z;
                 d.w = d0[q].w + d.w;
             }
-            tr_st4(dx + o + 4 * j4, d);
+            if (!copyonly) tr_st4(dx + o + 4 * j4, d);
             if (dxc != 0) tr_st4(dxc + o + 4 * j4, d);
         }
         return;
@@ -267,7 +267,7 @@ __device__ void tr_norm_bwd(float *__restrict__ dx, T *__restrict__ dxc, const T
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
         float v = r * (tr_ld(&dxn[o + j]) - (x[o + j] * r) * mean);
         float d = accumulate ? dx[o + j] + v : v;
-        dx[o + j] = d;
+        if (!copyonly) dx[o + j] = d;
         if (dxc != 0) tr_st(&dxc[o + j], d);
     }
 }
@@ -311,8 +311,9 @@ __device__ void tr_softmax_ce(float *__restrict__ loss, T *__restrict__ dlogits,
         tr_add_norm<T>(ho, xn, rstd, hi, y, B, H, eps, vec);                                                   \
     }                                                                                                          \
     extern "C" __global__ void tr_norm_bwd_##NAME(float *dx, T *dxc, const T *dxn, const float *x,             \
-                                                  const float *rstd, int B, int H, int accumulate, int vec) {  \
-        tr_norm_bwd<T>(dx, dxc, dxn, x, rstd, B, H, accumulate, vec);                                          \
+                                                  const float *rstd, int B, int H, int accumulate, int vec,    \
+                                                  int copyonly) {                                              \
+        tr_norm_bwd<T>(dx, dxc, dxn, x, rstd, B, H, accumulate, vec, copyonly);                                \
     }                                                                                                          \
     extern "C" __global__ void tr_softmax_ce_##NAME(float *loss, T *dlogits, const float *logits,              \
                                                     const int *tok, int B, int V, int ld, int col,             \
@@ -463,16 +464,17 @@ TR_EMBED_BWD(f32, float)
 TR_EMBED_BWD(bf16, u16)
 
 // One parameter of the multi-tensor AdamW step: its tensors (the moments m and v of the
-// step's moment type M, float or u16 for bf16; c, the compute copy in bf16, may be null), its
+// step's moment type M and the gradient g of its gradient type G, float or u16 for bf16;
+// c, the compute copy in bf16, may be null), its
 // n elements, the first of its chunks, whether weight decay applies, and shift: with shift in
 // [0, 4) every tensor's element 0 sits at position shift of a 16-byte group of f32 (8-byte
 // group of bf16), so that the kernel moves 4 elements at a time, its groups starting at
 // element -shift; -1: the tensors do not share an alignment and the kernel moves one element
 // at a time.
-template <typename M>
+template <typename M, typename G>
 struct tr_adam_param {
     float *p;
-    const float *g;
+    const G *g;
     M *m;
     M *v;
     u16 *c;
@@ -514,8 +516,8 @@ __device__ __forceinline__ void tr_adam4(float4 &p, float4 g, float4 &m, float4 
 
 // Elements [i, i+4) of q, 16-byte aligned (8 for bf16): loaded, stepped, stored (the moments
 // rounded to M, computed in f32).
-template <typename M>
-__device__ __forceinline__ void tr_adam_group(const tr_adam_param<M> &q, i64 i, float decay,
+template <typename M, typename G>
+__device__ __forceinline__ void tr_adam_group(const tr_adam_param<M, G> &q, i64 i, float decay,
                                               const tr_adam_hyper &hp, float ob1, float ob2) {
     float4 g = tr_ld4(q.g + i), m = tr_ld4(q.m + i), v = tr_ld4(q.v + i), p = tr_ld4(q.p + i);
     tr_adam4(p, g, m, v, decay, hp, ob1, ob2);
@@ -526,11 +528,11 @@ __device__ __forceinline__ void tr_adam_group(const tr_adam_param<M> &q, i64 i, 
 }
 
 // Element i of q: loaded, stepped, stored.
-template <typename M>
-__device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M> &q, i64 i, float decay,
+template <typename M, typename G>
+__device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M, G> &q, i64 i, float decay,
                                              const tr_adam_hyper &hp, float ob1, float ob2) {
     float m = tr_ld(&q.m[i]), v = tr_ld(&q.v[i]);
-    float p = tr_adam1(q.p[i], q.g[i], m, v, decay, hp, ob1, ob2);
+    float p = tr_adam1(q.p[i], tr_ld(&q.g[i]), m, v, decay, hp, ob1, ob2);
     tr_st(&q.m[i], m);
     tr_st(&q.v[i], v);
     q.p[i] = p;
@@ -541,27 +543,29 @@ __device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M> &q, i64 i, f
 // TR_ADAM_CHUNK elements in all, each parameter's chunks after those of the entries
 // before it): m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g·g, p = p·decay − lr·(m·c1)/(sqrt(v·c2)
 // + eps), decay being 1 for parameters without weight decay, and c = bf16(p) where c is
-// given; with bf16 moments (tr_adamw_bf16) m and v are widened exactly, the step is the
-// same f32 arithmetic, and the new m and v are rounded to bf16 (nearest even) as they are
-// stored. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
+// given; with bf16 moments (tr_adamw_bf16, tr_adamw_bf16_gbf16) m and v are widened
+// exactly, the step is the same f32 arithmetic, and the new m and v are rounded to bf16
+// (nearest even) as they are stored; a bf16 gradient (the _gbf16 kernels) is widened
+// exactly. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
 // as many blocks as fit on the device at once, or one block a chunk). A chunk of a parameter with shift ≥ 0
 // is 512 groups of 4 elements, the first group of chunk k at element 2048·k − shift:
 // each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
-// in flight; 8-byte ones of bf16 moments, 96 bytes) before it computes and stores them
+// in flight; 8-byte ones of bf16 moments or gradients, 96 bytes with one of them bf16, 80
+// with both) before it computes and stores them
 // (16-byte stores, 8-byte ones of bf16), all with the streaming cache hint (each byte
 // passes once: the step beside other kernels leaves their data in L2); the groups that
 // the parameter's ends cut, in its first and last chunk, go element by element. (Four groups a thread would keep more bytes
 // in flight, but ptxas then spills around the calls of the division's slow path; with two,
 // 58 registers (NVRTC 11.8, sm_90; 56 with bf16 moments, which stay packed until they are
 // computed) let four blocks share a multiprocessor, 128 KB in flight on each.)
-template <typename M>
-__device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M> *__restrict__ tab, int np, i64 nchunks,
+template <typename M, typename G>
+__device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M, G> *__restrict__ tab, int np, i64 nchunks,
                                               const tr_adam_hyper &hp) {
     const float ob1 = __fsub_rn(1.f, hp.b1), ob2 = __fsub_rn(1.f, hp.b2);
     int e = 0; // chunks only grow along the loop, so the entry search goes on from the last
     for (i64 ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
         while (e + 1 < np && tab[e + 1].chunk0 <= ch) e++;
-        const tr_adam_param<M> q = tab[e];
+        const tr_adam_param<M, G> q = tab[e];
         const float decay = q.decay ? hp.decay : 1.f;
         const i64 k = ch - q.chunk0;
         if (q.shift < 0) {
@@ -572,12 +576,13 @@ __device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M> *__restrict
         const i64 lo = k * TR_ADAM_CHUNK - q.shift; // element of the chunk's first group
         const i64 t0 = lo + 4 * (i64)threadIdx.x;   // this thread's first group
         if (lo >= 0 && lo + TR_ADAM_CHUNK <= q.n) {
-            float4 g[TR_ADAM_VEC], p[TR_ADAM_VEC];
+            float4 p[TR_ADAM_VEC];
+            typename tr_raw4<G>::t g[TR_ADAM_VEC];
             typename tr_raw4<M>::t m[TR_ADAM_VEC], v[TR_ADAM_VEC]; // widened when computed
 #pragma unroll
             for (int u = 0; u < TR_ADAM_VEC; u++) {
                 i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
-                g[u] = tr_wide4(tr_raw_ld4_cs(q.g + i));
+                g[u] = tr_raw_ld4_cs(q.g + i);
                 m[u] = tr_raw_ld4_cs(q.m + i);
                 v[u] = tr_raw_ld4_cs(q.v + i);
                 p[u] = tr_wide4(tr_raw_ld4_cs(q.p + i));
@@ -586,7 +591,7 @@ __device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M> *__restrict
             for (int u = 0; u < TR_ADAM_VEC; u++) {
                 i64 i = t0 + (i64)u * 4 * TR_ADAM_THREADS;
                 float4 mu = tr_wide4(m[u]), vu = tr_wide4(v[u]);
-                tr_adam4(p[u], g[u], mu, vu, decay, hp, ob1, ob2);
+                tr_adam4(p[u], tr_wide4(g[u]), mu, vu, decay, hp, ob1, ob2);
                 tr_st4_cs(q.m + i, mu);
                 tr_st4_cs(q.v + i, vu);
                 tr_st4_cs(q.p + i, p[u]);
@@ -606,15 +611,16 @@ __device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M> *__restrict
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
-    tr_adamw(const tr_adam_param<float> *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
-    tr_adamw_step(tab, np, nchunks, hp);
-}
+#define TR_ADAMW(NAME, M, G)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)                                              \
+        NAME(const tr_adam_param<M, G> *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {            \
+        tr_adamw_step(tab, np, nchunks, hp);                                                                   \
+    }
 
-extern "C" __global__ void __launch_bounds__(TR_ADAM_THREADS)
-    tr_adamw_bf16(const tr_adam_param<u16> *__restrict__ tab, int np, i64 nchunks, tr_adam_hyper hp) {
-    tr_adamw_step(tab, np, nchunks, hp);
-}
+TR_ADAMW(tr_adamw, float, float)
+TR_ADAMW(tr_adamw_bf16, u16, float)
+TR_ADAMW(tr_adamw_gbf16, float, u16)
+TR_ADAMW(tr_adamw_bf16_gbf16, u16, u16)
 
 // out[i] = Σ_r in[r*n + i] over the R ranks' gradients gathered side by side, in rank
 // order, for i < n.
