@@ -23,8 +23,8 @@ const adamChunk = 2048
 
 // adamParam is one parameter of a multi-tensor AdamW step: the parameter p, F32, its
 // gradient g, F32 or BF16 (the table's gradient dtype), and its moments m and v, F32 or
-// BF16 (the table's moment dtype), all of one length; c, when not nil, a BF16 copy of p of the same length that the step refreshes (the
-// weights the compute reads).
+// BF16 (the table's moment dtype), all of one length; c, when not nil, a BF16 copy of p
+// of the same length that the step refreshes (the weights the compute reads).
 type adamParam struct {
 	name          string // for messages
 	p, g, m, v, c *device.Tensor

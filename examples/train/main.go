@@ -152,7 +152,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Data, "data", o.Data, "a text `file or directory` to train on instead of the Go source (a directory's files are read recursively, leaving out hidden and binary files)")
 	fs.StringVar(&o.Packages, "packages", o.Packages, "comma-separated standard packages whose .go files make the corpus")
 	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "most bytes of text to read")
-	fs.StringVar(&o.DType, "dtype", o.DType, "compute dtype of the MoE layers and the output projection: f32, or bf16 (tensor cores; weights and gradients stay f32, AdamW's moments as -moments says)")
+	fs.StringVar(&o.DType, "dtype", o.DType, "compute dtype of the MoE layers and the output projection: f32, or bf16 (tensor cores; weights and gradients stay f32 but see -grads, AdamW's moments as -moments says)")
 	fs.StringVar(&o.Moments, "moments", o.Moments, "dtype of AdamW's first and second moments: f32, or bf16 (computed in f32, rounded to nearest even after each step: AdamW moves 8 bytes less per parameter)")
 	fs.StringVar(&o.Grads, "grads", o.Grads, "dtype of the experts' weight gradients: f32, or bf16 (the GEMMs' f32 sums rounded to nearest even once: the weight gradients write, and AdamW reads, 2 bytes less per expert parameter; the other gradients stay f32)")
 	fs.StringVar(&o.Precision, "precision", o.Precision, "arithmetic of the MoE layers' expert GEMMs: bf16 (in the -dtype, f32 or bf16), fp8 (E4M3 with DeepSeek-V3's blockwise f32 scales) or mxfp8 (E4M3 with a power-of-two scale per 32 elements); FP8 needs -hidden and -ffn multiples of 16")
