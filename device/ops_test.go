@@ -414,3 +414,29 @@ func TestStreamMultiprocessors(t *testing.T) {
 		t.Errorf("Multiprocessors of a nil stream = %d, want 0", got)
 	}
 }
+
+// A stream whose products leave the device's last quarter of multiprocessors to the
+// kernels of other streams; 0 gives them all back.
+func ExampleStream_SetMultiprocessors() {
+	d := device.CPU()
+	s, err := d.NewStream()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer s.Close()
+	all := d.Multiprocessors()
+	if err := s.SetMultiprocessors(max(all-all/4, 1)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(s.Multiprocessors() <= all)
+	if err := s.SetMultiprocessors(0); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(s.Multiprocessors() == all)
+	// Output:
+	// true
+	// true
+}
