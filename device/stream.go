@@ -124,8 +124,9 @@ func (s *Stream) Close() error {
 // to work on other streams, as cuBLAS's SM count target does: on a GPU kept busy by
 // products on s, a bandwidth-bound kernel on another stream runs beside them instead of
 // between them. It changes no result, only the time; kernels launched before the call
-// keep their grids, and kernels that are not persistent are not affected. On the CPU it
-// is recorded and bounds nothing.
+// keep their grids, and kernels that are not persistent are not affected. The count is
+// the stream's: set on the device's default stream, it holds for every caller of that
+// stream. On the CPU it is recorded and bounds nothing.
 func (s *Stream) SetMultiprocessors(n int) error {
 	if err := s.live("Stream.SetMultiprocessors"); err != nil {
 		return err

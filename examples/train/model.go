@@ -103,10 +103,9 @@ type modelOptions struct {
 // Model is a window language model: the sum of position-specific embeddings of the
 // previous W tokens, L pre-norm residual blocks h += MoE(rmsnorm(h)), and a linear
 // output over the vocabulary after a last rmsnorm. Parameters and their gradients are
-// F32 (the experts' gradients F32 or BF16, modelOptions.Grads), AdamW's moments F32 or BF16
-// (modelOptions.Moments); with a BF16 compute dtype the
-// MoE layers and the output projection read BF16 copies of their weights, which AdamW
-// refreshes; with an FP8 precision (modelOptions.Precision) the MoE layers quantize their
+// F32 (the experts' gradients F32 or BF16, modelOptions.Grads), AdamW's moments F32 or
+// BF16 (modelOptions.Moments); with a BF16 compute dtype the MoE layers and the output
+// projection read BF16 copies of their weights, which AdamW refreshes; with an FP8 precision (modelOptions.Precision) the MoE layers quantize their
 // experts' weights anew after each step. Every op is enqueued on the model's stream but
 // two kinds, which go to a second stream that the model's stream waits for before the
 // step ends: the embedding gradient's grouping of the batch's rows by token, at the start
@@ -153,8 +152,8 @@ type Model struct {
 }
 
 // param is a parameter with its gradient, F32 (an expert weight's of the model's expert
-// gradient dtype), and AdamW moments, of the model's moment dtype, all of one shape, and the BF16 copy the compute reads when the compute dtype is
-// BF16.
+// gradient dtype), and AdamW moments, of the model's moment dtype, all of one shape, and
+// the BF16 copy the compute reads when the compute dtype is BF16.
 type param struct {
 	name       string
 	shape      []int // this rank's

@@ -375,10 +375,10 @@ func (m *Model) groupEmbed(ws *workspace, tok *device.Tensor) error {
 // with another's): W2's and W1's once the layer's backward is done with each, its
 // gradient written and its last read enqueued (m.evW2[l] and m.evW1[l], which the
 // layer records midway through its backward: moe.Grads' W2Ready and W1Ready), so that
-// they overlap the rest of the backward and what follows it: where the model's stream has the GPU's priority (the training loop's, without
-// expert parallelism), the step's blocks fill what its kernels leave. Called once the
-// layer's Backward is enqueued. The results are those of one step over every parameter
-// at the end, bit for bit.
+// they overlap the rest of the backward and what follows it: where the model's stream
+// has the GPU's priority (the training loop's, without expert parallelism), the step's
+// blocks fill what its kernels leave. Called once the layer's Backward is enqueued. The
+// results are those of one step over every parameter at the end, bit for bit.
 func (m *Model) stepExperts(l int, h adamHyper) error {
 	for _, c := range []struct {
 		ev    *device.Event

@@ -463,14 +463,13 @@ __device__ __forceinline__ void tr_embed_bwd(float *__restrict__ demb, const T *
 TR_EMBED_BWD(f32, float)
 TR_EMBED_BWD(bf16, u16)
 
-// One parameter of the multi-tensor AdamW step: its tensors (the moments m and v of the
-// step's moment type M and the gradient g of its gradient type G, float or u16 for bf16;
-// c, the compute copy in bf16, may be null), its
-// n elements, the first of its chunks, whether weight decay applies, and shift: with shift in
-// [0, 4) every tensor's element 0 sits at position shift of a 16-byte group of f32 (8-byte
-// group of bf16), so that the kernel moves 4 elements at a time, its groups starting at
-// element -shift; -1: the tensors do not share an alignment and the kernel moves one element
-// at a time.
+// One parameter of the multi-tensor AdamW step: its tensors (the moments m and v of the step's
+// moment type M and the gradient g of its gradient type G, float or u16 for bf16; c, the compute
+// copy in bf16, may be null), its n elements, the first of its chunks, whether weight decay
+// applies, and shift: with shift in [0, 4) every tensor's element 0 sits at position shift of a
+// 16-byte group of f32 (8-byte group of bf16), so that the kernel moves 4 elements at a time, its
+// groups starting at element -shift; -1: the tensors do not share an alignment and the kernel moves
+// one element at a time.
 template <typename M, typename G>
 struct tr_adam_param {
     float *p;
@@ -539,25 +538,24 @@ __device__ __forceinline__ void tr_adam_elem(const tr_adam_param<M, G> &q, i64 i
     if (q.c != 0) q.c[i] = dl_f32_to_bf16(p);
 }
 
-// One AdamW step over every parameter of the table (np entries, nchunks chunks of
-// TR_ADAM_CHUNK elements in all, each parameter's chunks after those of the entries
-// before it): m = b1·m + (1−b1)·g, v = b2·v + (1−b2)·g·g, p = p·decay − lr·(m·c1)/(sqrt(v·c2)
-// + eps), decay being 1 for parameters without weight decay, and c = bf16(p) where c is
-// given; with bf16 moments (tr_adamw_bf16, tr_adamw_bf16_gbf16) m and v are widened
-// exactly, the step is the same f32 arithmetic, and the new m and v are rounded to bf16
-// (nearest even) as they are stored; a bf16 gradient (the _gbf16 kernels) is widened
-// exactly. Blocks of TR_ADAM_THREADS threads take chunks in a grid-stride loop (a grid of
-// as many blocks as fit on the device at once, or one block a chunk). A chunk of a parameter with shift ≥ 0
-// is 512 groups of 4 elements, the first group of chunk k at element 2048·k − shift:
-// each thread loads its TR_ADAM_VEC groups (16-byte loads of g, m, v and p, 128 bytes
-// in flight; 8-byte ones of bf16 moments or gradients, 96 bytes with one of them bf16, 80
-// with both) before it computes and stores them
-// (16-byte stores, 8-byte ones of bf16), all with the streaming cache hint (each byte
-// passes once: the step beside other kernels leaves their data in L2); the groups that
-// the parameter's ends cut, in its first and last chunk, go element by element. (Four groups a thread would keep more bytes
-// in flight, but ptxas then spills around the calls of the division's slow path; with two,
-// 58 registers (NVRTC 11.8, sm_90; 56 with bf16 moments, which stay packed until they are
-// computed) let four blocks share a multiprocessor, 128 KB in flight on each.)
+// One AdamW step over every parameter of the table (np entries, nchunks chunks of TR_ADAM_CHUNK
+// elements in all, each parameter's chunks after those of the entries before it): m = b1·m +
+// (1−b1)·g, v = b2·v + (1−b2)·g·g, p = p·decay − lr·(m·c1)/(sqrt(v·c2) + eps), decay being 1 for
+// parameters without weight decay, and c = bf16(p) where c is given; with bf16 moments
+// (tr_adamw_bf16, tr_adamw_bf16_gbf16) m and v are widened exactly, the step is the same f32
+// arithmetic, and the new m and v are rounded to bf16 (nearest even) as they are stored; a bf16
+// gradient (the _gbf16 kernels) is widened exactly. Blocks of TR_ADAM_THREADS threads take chunks
+// in a grid-stride loop (a grid of as many blocks as fit on the device at once, or one block a
+// chunk). A chunk of a parameter with shift ≥ 0 is 512 groups of 4 elements, the first group of
+// chunk k at element 2048·k − shift: each thread loads its TR_ADAM_VEC groups (16-byte loads of g,
+// m, v and p, 128 bytes in flight; 8-byte ones of bf16 moments or gradients, 96 bytes with one of
+// them bf16, 80 with both) before it computes and stores them (16-byte stores, 8-byte ones of
+// bf16), all with the streaming cache hint (each byte passes once: the step beside other kernels
+// leaves their data in L2); the groups that the parameter's ends cut, in its first and last chunk,
+// go element by element. (Four groups a thread would keep more bytes in flight, but ptxas then
+// spills around the calls of the division's slow path; with two, 58 registers (NVRTC 11.8, sm_90;
+// 56 with bf16 moments, which stay packed until they are computed) let four blocks share a
+// multiprocessor, 128 KB in flight on each.)
 template <typename M, typename G>
 __device__ __forceinline__ void tr_adamw_step(const tr_adam_param<M, G> *__restrict__ tab, int np, i64 nchunks,
                                               const tr_adam_hyper &hp) {
