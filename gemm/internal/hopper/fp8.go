@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 
 	"github.com/dropless/dropless/device"
@@ -26,6 +27,12 @@ const (
 	// scales each), the MXFP8 consumers' four tables of decoded scales, the stages'
 	// barriers, the four group tables and alignment slack.
 	fp8Smem = fp8Stages*(2*fp8Block*fp8Block+2*fp8Block*4) + 4*fp8MXT*4 + 2*fp8Stages*8 + 4*(maxG+1)*4 + 1024
+
+	fp8Rows3   = 192 // tile rows of the _m192 kernels: three consumer warpgroups
+	fp8Stages3 = 5   // HF_STAGES3
+	// fp8Smem3 is HF_SMEM3, the _m192 kernels' shared memory: their stages (192-row A
+	// tiles, 128-row B tiles and their scales), barriers, group tables and slack.
+	fp8Smem3 = fp8Stages3*((fp8Rows3+fp8Block)*fp8Block+(fp8Rows3+fp8Block)*4) + 2*fp8Stages3*8 + 4*(maxG+1)*4 + 1024
 )
 
 var fp8Support sync.Map // *device.Device → error
@@ -34,6 +41,32 @@ var fp8Support sync.Map // *device.Device → error
 // two-CTA kernels measured no faster on the H200 (docs/perf.md); DROPLESS_FP8_CLUSTER=2 selects
 // them, for comparisons.
 var fp8Single = os.Getenv("DROPLESS_FP8_CLUSTER") != "2"
+
+// fp8Rows picks the tile rows of the blockwise forward, input gradient and weight
+// gradient: 0 (the default) chooses by shape (fp8TallWins), 128 or 192
+// (DROPLESS_FP8_ROWS) forces the 128-row kernels or the _m192 kernels (three consumer
+// warpgroups: docs/perf.md, the sixth round), for comparisons. The MXFP8 kernels and the
+// two-CTA kernels have 128-row tiles.
+var fp8Rows, _ = strconv.Atoi(os.Getenv("DROPLESS_FP8_ROWS"))
+
+// fp8TallWins reports whether tiles of 192 rows serve groups of about m rows better than
+// tiles of 128: their higher rate on long groups (about 8% on the forward at 2,048 rows a
+// group and more, docs/perf.md) against the rows they waste in each group's last tile.
+func fp8TallWins(m int) bool {
+	return m > 0 && float64(fp8Rows3*ceilDiv(m, fp8Rows3)) < 1.08*float64(fp8Block*ceilDiv(m, fp8Block))
+}
+
+// fp8Tall reports whether a blockwise call of groups of about m rows runs the _m192
+// kernels (see fp8Rows).
+func fp8Tall(m int) bool {
+	switch fp8Rows {
+	case fp8Block:
+		return false
+	case fp8Rows3:
+		return true
+	}
+	return fp8TallWins(m)
+}
 
 // fp8Grids caches, per device and kernel, the persistent grid of the two-CTA kernels: twice
 // the clusters that fit on the device at once (0: the kernel cannot run in clusters).
@@ -66,14 +99,15 @@ func blockwiseSupported(d *device.Device) error {
 	if err := Supported(d); err != nil {
 		return err
 	}
-	if d.MaxSharedMemory() < fp8Smem {
-		return fmt.Errorf("hopper: the FP8 kernels need %d bytes of shared memory per block, %v allows %d", fp8Smem, d, d.MaxSharedMemory())
+	if need := max(fp8Smem, fp8Smem3); d.MaxSharedMemory() < need {
+		return fmt.Errorf("hopper: the FP8 kernels need %d bytes of shared memory per block, %v allows %d", need, d, d.MaxSharedMemory())
 	}
 	names := []string{"dl_hopper_zero_tail"}
 	for _, a := range []string{"e4m3", "e5m2"} {
 		for _, b := range []string{"e4m3", "e5m2"} {
-			for _, p := range []string{"dl_hopper_fp8_", "dl_hopper_fp8_x2_", "dl_hopper_fp8_wgrad_", "dl_hopper_fp8_wgrad_x2_",
-				"dl_hopper_mx_", "dl_hopper_mx_x2_", "dl_hopper_mx_wgrad_", "dl_hopper_mx_wgrad_x2_"} {
+			for _, p := range []string{"dl_hopper_fp8_", "dl_hopper_fp8_x2_", "dl_hopper_fp8_m192_", "dl_hopper_fp8_x2_m192_",
+				"dl_hopper_fp8_wgrad_", "dl_hopper_fp8_wgrad_x2_", "dl_hopper_fp8_wgrad_m192_", "dl_hopper_fp8_wgrad_x2_m192_", "dl_hopper_mx_", "dl_hopper_mx_x2_", "dl_hopper_mx_wgrad_",
+				"dl_hopper_mx_wgrad_x2_"} {
 				names = append(names, p+a+"_"+b)
 			}
 		}
@@ -104,26 +138,29 @@ func fp8Name(what string, t *device.Tensor) (string, error) {
 }
 
 // fp8Launch is a kernel of the FP8 family chosen for a call: the two-CTA (multicast) form
-// when it runs on the device, else the one-CTA form, with its persistent grid and the rows
-// of the A box each CTA loads.
+// when it runs on the device, else the one-CTA form (of 192-row tiles where it has one),
+// with its persistent grid, threads and shared memory per CTA, the CTAs of a cluster and
+// the rows of the A box each CTA loads.
 type fp8Launch struct {
-	k     *device.Kernel
-	grid  int
-	aRows uint32
+	k             *device.Kernel
+	grid, cl      int
+	threads, smem int
+	aRows         uint32
 }
 
 // gridOn returns the persistent grid of k on s: k.grid, at most s.Multiprocessors()
 // blocks, an even count of at least 2 for the two-CTA kernels.
 func (k fp8Launch) gridOn(s *device.Stream) int {
 	n := min(k.grid, s.Multiprocessors())
-	if k.aRows == fp8Block/2 {
+	if k.cl == 2 {
 		n = max(n&^1, 2)
 	}
 	return n
 }
 
-// fp8Kernel returns the kernel prefix+"_"+A's type+"_"+B's type (or its _x2 form) for d.
-func fp8Kernel(d *device.Device, prefix string, a, b *device.Tensor) (fp8Launch, error) {
+// fp8Kernel returns the kernel prefix+"_"+A's type+"_"+B's type for d, or its _x2 form, or
+// with tall (the families that have them) its _m192 form.
+func fp8Kernel(d *device.Device, prefix string, tall bool, a, b *device.Tensor) (fp8Launch, error) {
 	an, err := fp8Name("A", a)
 	if err != nil {
 		return fp8Launch{}, err
@@ -132,26 +169,30 @@ func fp8Kernel(d *device.Device, prefix string, a, b *device.Tensor) (fp8Launch,
 	if err != nil {
 		return fp8Launch{}, err
 	}
+	form, threads, smem, rows := "_", 384, fp8Smem, fp8Block
+	if tall {
+		form, threads, smem, rows = "_m192_", 512, fp8Smem3, fp8Rows3
+	}
 	if !fp8Single {
-		name := prefix + "_x2_" + an + "_" + bn
+		name := prefix + "_x2" + form + an + "_" + bn
 		if k, err := d.Kernel(fp8, name); err == nil {
-			if g := fp8Grid(d, k, name); g > 0 {
-				return fp8Launch{k: k, grid: g, aRows: fp8Block / 2}, nil
+			if g := fp8Grid(d, k, name, threads, smem); g > 0 {
+				return fp8Launch{k: k, grid: g, cl: 2, threads: threads, smem: smem, aRows: uint32(rows / 2)}, nil
 			}
 		}
 	}
-	k, err := d.Kernel(fp8, prefix+"_"+an+"_"+bn)
-	return fp8Launch{k: k, grid: d.Multiprocessors(), aRows: fp8Block}, err
+	k, err := d.Kernel(fp8, prefix+form+an+"_"+bn)
+	return fp8Launch{k: k, grid: d.Multiprocessors(), cl: 1, threads: threads, smem: smem, aRows: uint32(rows)}, err
 }
 
 // fp8Grid returns the persistent grid of the two-CTA kernel k: twice the clusters that fit
 // on d at once, at most d's multiprocessors; 0 when none fit or the driver cannot say.
-func fp8Grid(d *device.Device, k *device.Kernel, name string) int {
+func fp8Grid(d *device.Device, k *device.Kernel, name string, threads, smem int) int {
 	key := fp8GridKey{d, name}
 	if v, ok := fp8Grids.Load(key); ok {
 		return v.(int)
 	}
-	n, err := k.MaxActiveClusters(2, 384, fp8Smem)
+	n, err := k.MaxActiveClusters(2, threads, smem)
 	g := 0
 	if err == nil {
 		g = 2 * min(n, d.Multiprocessors()/2)
@@ -198,12 +239,12 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 	case !b.Scale.HasShape(device.F32, bs...):
 		return fmt.Errorf("hopper: BlockwiseGEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.F32, bs...))
 	}
-	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_fp8", y, a.Q, b.Q, sizes)
+	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_fp8", fp8Tall(M/G), y, a.Q, b.Q, sizes)
 	if err != nil {
 		return err
 	}
 	f32 := y.DType() == device.F32
-	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), f32)
 }
 
@@ -236,7 +277,7 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	case !b.Scale.HasShape(device.F32, nt, C):
 		return fmt.Errorf("hopper: BlockwiseWeightGrad: B's scales are %v, want f32[%d %d]", b.Scale, nt, C)
 	}
-	k, err := fp8Kernel(d, "dl_hopper_fp8_wgrad", a.Q, b.Q)
+	k, err := fp8Kernel(d, "dl_hopper_fp8_wgrad", fp8Tall(R), a.Q, b.Q)
 	if err != nil {
 		return err
 	}
@@ -244,7 +285,7 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 	if err != nil {
 		return err
 	}
-	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
 		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
 }
 
@@ -287,13 +328,13 @@ func fp8WGradShape(fn string, dw, a, b, sizes *device.Tensor) (G, R, C, Mp int, 
 }
 
 // fp8Forward prepares a forward-form launch of the family prefix: it picks the kernel for
-// A's and B's element types, encodes the tensor maps of A [M, Kc] (box {128, k.aRows}) and
+// A's and B's element types (tall as for fp8Kernel), encodes the tensor maps of A [M, Kc] (box {128, k.aRows}) and
 // B [G, N, Kc] (box {128, 128, 1}), and enqueues the tail kernel that zeroes y's rows
 // past sum(sizes) on s.
-func fp8Forward(s *device.Stream, prefix string, y, a, b, sizes *device.Tensor) (k fp8Launch, tmA, tmB []byte, err error) {
+func fp8Forward(s *device.Stream, prefix string, tall bool, y, a, b, sizes *device.Tensor) (k fp8Launch, tmA, tmB []byte, err error) {
 	d := s.Device()
 	M, Kc, G, N := a.Dim(0), a.Dim(1), sizes.Len(), y.Dim(1)
-	if k, err = fp8Kernel(d, prefix, a, b); err != nil {
+	if k, err = fp8Kernel(d, prefix, tall, a, b); err != nil {
 		return
 	}
 	if tmA, err = tensorMapOf(d, cuda.TensorMapUint8, cuda.DevicePtr(a.Ptr()),
@@ -376,12 +417,12 @@ func MXFP8GEMM(s *device.Stream, y *device.Tensor, a, b MXOperand, sizes *device
 	case !b.Scale.HasShape(device.E8M0, bs...):
 		return fmt.Errorf("hopper: MXFP8GEMM: B's scales are %v, want %s", b.Scale, device.ShapeString(device.E8M0, bs...))
 	}
-	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_mx", y, a.Q, b.Q, sizes)
+	k, tmA, tmB, err := fp8Forward(s, "dl_hopper_mx", false, y, a.Q, b.Q, sizes)
 	if err != nil {
 		return err
 	}
 	f32 := y.DType() == device.F32
-	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, tmA, tmB, a.Scale, int32(cp), grouped, y, b.Scale, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, tmA, tmB, a.Scale, int32(cp), grouped, y, b.Scale, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), f32)
 }
 
@@ -412,7 +453,7 @@ func MXFP8WeightGrad(s *device.Stream, dw *device.Tensor, a, b MXOperand, M int,
 	case !b.Scale.HasShape(device.E8M0, Mp/32, kb):
 		return fmt.Errorf("hopper: MXFP8WeightGrad: B's scales are %v, want e8m0[%d %d]", b.Scale, Mp/32, kb)
 	}
-	k, err := fp8Kernel(d, "dl_hopper_mx_wgrad", a.Q, b.Q)
+	k, err := fp8Kernel(d, "dl_hopper_mx_wgrad", false, a.Q, b.Q)
 	if err != nil {
 		return err
 	}
@@ -420,6 +461,6 @@ func MXFP8WeightGrad(s *device.Stream, dw *device.Tensor, a, b MXOperand, M int,
 	if err != nil {
 		return err
 	}
-	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(384), fp8Smem, maps[0], maps[1], a.Scale, int32(ka), b.Scale, int32(kb), dw, sizes,
+	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, maps[0], maps[1], a.Scale, int32(ka), b.Scale, int32(kb), dw, sizes,
 		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
 }

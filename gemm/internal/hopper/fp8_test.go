@@ -1,6 +1,9 @@
 package hopper
 
 import (
+	"bytes"
+	"math"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"testing"
@@ -31,7 +34,8 @@ func TestFP8KernelsCompileBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The bodies are there: the PTX holds the kernels' wgmma instructions.
-	for _, want := range []string{"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2", "wgmma.mma_async.sync.aligned.m64n64k32.f32.e5m2.e4m3", "setmaxnreg.inc.sync.aligned.u32 232"} {
+	for _, want := range []string{"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2", "wgmma.mma_async.sync.aligned.m64n64k32.f32.e5m2.e4m3",
+		"setmaxnreg.inc.sync.aligned.u32 232", "setmaxnreg.inc.sync.aligned.u32 160", "setmaxnreg.dec.sync.aligned.u32 24", ".entry dl_hopper_fp8_m192_e4m3_e4m3", ".entry dl_hopper_fp8_wgrad_m192_e5m2_e4m3"} {
 		if !regexp.MustCompile(regexp.QuoteMeta(want)).Match(img) {
 			t.Errorf("the PTX has no %q", want)
 		}
@@ -41,13 +45,13 @@ func TestFP8KernelsCompileBodies(t *testing.T) {
 	}
 }
 
-// TestFP8StagesMirrorC checks that fp8Stages and fp8MXT (and so fp8Smem) are HF_STAGES
-// and HF_MXT of the source.
+// TestFP8StagesMirrorC checks that fp8Stages, fp8Stages3 and fp8MXT (and so fp8Smem and
+// fp8Smem3) are HF_STAGES, HF_STAGES3 and HF_MXT of the source.
 func TestFP8StagesMirrorC(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		want int
-	}{{"HF_STAGES", fp8Stages}, {"HF_MXT", fp8MXT}} {
+	}{{"HF_STAGES", fp8Stages}, {"HF_STAGES3", fp8Stages3}, {"HF_MXT", fp8MXT}} {
 		m := regexp.MustCompile(`#define ` + c.name + ` (\d+)`).FindStringSubmatch(fp8Src)
 		if m == nil {
 			t.Fatalf("kernels/fp8.cu has no %s", c.name)
@@ -75,16 +79,24 @@ func skipUnlessFP8(t *testing.T, d *device.Device) {
 func TestFP8ClusterGrid(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		skipUnlessFP8(t, d)
-		for _, name := range []string{"dl_hopper_fp8_x2_e4m3_e4m3", "dl_hopper_fp8_wgrad_x2_e4m3_e4m3", "dl_hopper_mx_x2_e4m3_e4m3"} {
+		for _, c := range []struct {
+			name          string
+			threads, smem int
+		}{
+			{"dl_hopper_fp8_x2_e4m3_e4m3", 384, fp8Smem}, {"dl_hopper_fp8_wgrad_x2_e4m3_e4m3", 384, fp8Smem},
+			{"dl_hopper_mx_x2_e4m3_e4m3", 384, fp8Smem}, {"dl_hopper_fp8_x2_m192_e4m3_e4m3", 512, fp8Smem3},
+			{"dl_hopper_fp8_wgrad_x2_m192_e4m3_e4m3", 512, fp8Smem3},
+		} {
+			name := c.name
 			k, err := d.Kernel(fp8, name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			n, err := k.MaxActiveClusters(2, 384, fp8Smem)
+			n, err := k.MaxActiveClusters(2, c.threads, c.smem)
 			if err != nil {
 				t.Fatal(err)
 			}
-			g := fp8Grid(d, k, name)
+			g := fp8Grid(d, k, name, c.threads, c.smem)
 			t.Logf("%s: %d clusters fit at once on %d multiprocessors: grid %d", name, n, d.Multiprocessors(), g)
 			if g%2 != 0 || g > d.Multiprocessors() || 4*g < 3*d.Multiprocessors() {
 				t.Errorf("%s: grid %d for %d multiprocessors", name, g, d.Multiprocessors())
@@ -156,4 +168,134 @@ func TestFP8BadArgs(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) { dt.WantError(t, c.fn, c.want) })
 		}
 	})
+}
+
+// fp8Codes returns n random E4M3 or E5M2 codes, none NaN or infinite (the exponent field
+// all ones is replaced by the next lower one).
+func fp8Codes(r *rand.Rand, n int, e5m2 bool) []byte {
+	b := dt.Bytes(r, n)
+	for i, v := range b {
+		if e5m2 && v&0x7C == 0x7C {
+			b[i] = v &^ 0x04
+		} else if !e5m2 && v&0x7F == 0x7F {
+			b[i] = v &^ 0x01
+		}
+	}
+	return b
+}
+
+// fp8Scales returns n random scales in [2^−4, 2^4).
+func fp8Scales(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.Exp2(8*r.Float64() - 4))
+	}
+	return v
+}
+
+// TestFP8TallTiles: the blockwise kernels of 192-row tiles (_m192) give the bytes of the
+// 128-row kernels in every form (each output's sum runs over the same MMAs and promotions
+// in the same order), over ragged groups that split across 192-row tiles and not 128-row
+// ones and back, empty and one-row groups, N and R not multiples of 128 or 192, f32 and
+// bf16 output, and many tiles.
+func TestFP8TallTiles(t *testing.T) {
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		skipUnlessFP8(t, d)
+		s := d.Stream()
+		defer func(v int, single bool) { fp8Rows, fp8Single = v, single }(fp8Rows, fp8Single)
+		for _, tc := range []struct {
+			name     string
+			M, Kc, N int
+			sizes    []int32
+			nk, e5m2 bool
+			out      device.DType
+		}{
+			{"ragged", 1000, 384, 272, []int32{0, 193, 1, 385, 191, 200}, false, false, device.F32},
+			{"ragged_nk_bf16", 1000, 384, 272, []int32{0, 193, 1, 385, 191, 200}, true, true, device.BF16},
+			{"one_group", 700, 256, 400, []int32{700}, false, false, device.BF16},
+			{"many_tiles", 20000, 512, 640, manySizes(40, 480), false, false, device.F32},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := dt.Rand(91)
+				G, skc, sn := len(tc.sizes), ceilDiv(tc.Kc, fp8Block), ceilDiv(tc.N, fp8Block)
+				Mr := 4 * ceilDiv(tc.M, 4)
+				upload := func(typ device.DType, v []byte, shape ...int) *device.Tensor {
+					return dt.Must(device.FromSlice(s, typ, v, shape...))
+				}
+				aT := device.E4M3
+				if tc.e5m2 {
+					aT = device.E5M2
+				}
+				a := FP8{Q: upload(aT, fp8Codes(r, tc.M*tc.Kc, tc.e5m2), tc.M, tc.Kc),
+					Scale: dt.Must(device.FromSlice(s, device.F32, fp8Scales(r, skc*Mr), skc, Mr))}
+				bs := []int{G, skc, sn}
+				if tc.nk {
+					bs = []int{G, sn, skc}
+				}
+				b := FP8{Q: upload(device.E4M3, fp8Codes(r, G*tc.N*tc.Kc, false), G, tc.N, tc.Kc),
+					Scale: dt.Must(device.FromSlice(s, device.F32, fp8Scales(r, G*skc*sn), bs...))}
+				sizes := dt.Must(device.FromSlice(s, device.I32, tc.sizes, G))
+				// The weight gradient over the same groups: A [R, Mp] with R = Kc + 16 (not a
+				// multiple of 128 or 192), B [C, Mp] with C = N.
+				Mp := 0
+				for _, sz := range tc.sizes {
+					Mp += fp8Block * ceilDiv(int(sz), fp8Block)
+				}
+				Mp = max(Mp, fp8Block)
+				R, C := tc.Kc+16, tc.N
+				wa := FP8{Q: upload(aT, fp8Codes(r, R*Mp, tc.e5m2), R, Mp),
+					Scale: dt.Must(device.FromSlice(s, device.F32, fp8Scales(r, Mp/fp8Block*R), Mp/fp8Block, R))}
+				wb := FP8{Q: upload(device.E4M3, fp8Codes(r, C*Mp, false), C, Mp),
+					Scale: dt.Must(device.FromSlice(s, device.F32, fp8Scales(r, Mp/fp8Block*C), Mp/fp8Block, C))}
+				run := func(rows int, single bool) ([]byte, []byte) {
+					fp8Rows, fp8Single = rows, single
+					y := dt.Must(s.Alloc(tc.out, tc.M, tc.N))
+					dw := dt.Must(s.Alloc(tc.out, G, R, C))
+					defer y.Free()
+					defer dw.Free()
+					dt.Poison(t, s, y, dw)
+					dt.NoErr(t, BlockwiseGEMM(s, y, a, b, sizes, nil, 1, tc.nk))
+					dt.NoErr(t, BlockwiseWeightGrad(s, dw, wa, wb, tc.M, sizes, nil, 1, false))
+					yb := make([]byte, y.Bytes())
+					wb := make([]byte, dw.Bytes())
+					dt.NoErr(t, y.CopyToHost(s, yb))
+					dt.NoErr(t, dw.CopyToHost(s, wb))
+					return yb, wb
+				}
+				y3, w3 := run(fp8Rows3, true)
+				y2, w2 := run(fp8Block, true)
+				yc, wc := run(fp8Rows3, false)
+				for _, c := range []struct {
+					what      string
+					got, want []byte
+				}{{"y", y3, y2}, {"dw", w3, w2}, {"y of the two-CTA kernels", yc, y2}, {"dw of the two-CTA kernels", wc, w2}} {
+					if !bytes.Equal(c.got, c.want) {
+						n := 0
+						for i := range c.got {
+							if c.got[i] != c.want[i] {
+								n++
+							}
+						}
+						t.Errorf("%s: %d of %d bytes differ between the 192-row and 128-row kernels", c.what, n, len(c.got))
+					}
+				}
+				for _, x := range []*device.Tensor{a.Q, a.Scale, b.Q, b.Scale, wa.Q, wa.Scale, wb.Q, wb.Scale, sizes} {
+					x.Free()
+				}
+			})
+		}
+	})
+}
+
+// TestFP8TallWins: 192-row tiles for long groups, 128-row tiles where the last 192-row
+// tile of each group would waste more than the taller tiles gain.
+func TestFP8TallWins(t *testing.T) {
+	for _, c := range []struct {
+		m    int
+		want bool
+	}{{0, false}, {16, false}, {166, true}, {192, true}, {256, false}, {500, false}, {700, true}, {2048, true}, {4096, true}, {7168, true}} {
+		if got := fp8TallWins(c.m); got != c.want {
+			t.Errorf("fp8TallWins(%d) = %v, want %v", c.m, got, c.want)
+		}
+	}
 }

@@ -61,6 +61,26 @@
 #define HF_STAGE_BYTES (HF_A_BYTES + HF_B_BYTES)
 #define HF_MXT 640 // floats of one decoded column-scale table: 4 blocks × 4 lane quads × 40
 #define HF_SMEM (HF_STAGES * (HF_STAGE_BYTES + (HF_BM + HF_BN) * 4) + 4 * HF_MXT * 4 + 2 * HF_STAGES * 8 + 4 * (HB_MAXG + 1) * 4 + 1024)
+// The _m192 kernels (blockwise forward and weight gradient): three consumer warpgroups,
+// tiles of 192 rows × 128 columns, HF_STAGES3 stages of 40 KB, no MXFP8 tables; HF_SMEM3
+// is their shared memory (hopper/fp8.go's fp8Smem3 mirrors it).
+#define HF_STAGES3 5
+#define HF_SMEM3 (HF_STAGES3 * (192 * HF_BK + HF_B_BYTES + (192 + HF_BN) * 4) + 2 * HF_STAGES3 * 8 + 4 * (HB_MAXG + 1) * 4 + 1024)
+
+// hf_cfg is the tile and shared-memory layout of a kernel with NC consumer warpgroups of 64
+// rows each: NC = 2 for every recipe and form (HF_SMEM), NC = 3 for the _m192 kernels
+// (HF_SMEM3). With one more consumer the tensor cores run two consumers' MMAs while the
+// third promotes, and each CTA-stage's 40 KB from L2 feed 1.5 times the MMAs of 32 KB.
+// The register budget of 64K per SM is split between the producer warpgroup (PREG) and the
+// consumers (CREG each): 40 + 2·232 or 24 + 3·160 per thread, in units of 128 threads.
+template <int NC> struct hf_cfg {
+    static constexpr int BM = 64 * NC;
+    static constexpr int S = NC == 2 ? HF_STAGES : HF_STAGES3;
+    static constexpr int A_BYTES = BM * HF_BK;
+    static constexpr int STAGE = A_BYTES + HF_B_BYTES;
+    static constexpr int MXT = NC == 2 ? 4 * HF_MXT : 0; // floats of the MXFP8 tables
+    static constexpr int PREG = NC == 2 ? 40 : 24, CREG = NC == 2 ? 232 : 160;
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -256,15 +276,17 @@ struct hf_smem {
     int *tstart, *rstart, *lstart, *pstart;
 };
 
+template <int NC>
 __device__ __forceinline__ hf_smem hf_carve(unsigned char *raw) {
+    using L = hf_cfg<NC>;
     hf_smem m;
     m.stages = hb_align(raw);
-    m.sa = (float *)(m.stages + HF_STAGES * HF_STAGE_BYTES);
-    m.sb = m.sa + HF_STAGES * HF_BM;
-    m.mx = m.sb + HF_STAGES * HF_BN;
-    m.full = (u64 *)(m.mx + 4 * HF_MXT);
-    m.empty = m.full + HF_STAGES;
-    m.tstart = (int *)(m.empty + HF_STAGES);
+    m.sa = (float *)(m.stages + L::S * L::STAGE);
+    m.sb = m.sa + L::S * L::BM;
+    m.mx = m.sb + L::S * HF_BN;
+    m.full = (u64 *)(m.mx + L::MXT);
+    m.empty = m.full + L::S;
+    m.tstart = (int *)(m.empty + L::S);
     m.rstart = m.tstart + (HB_MAXG + 1);
     m.lstart = m.rstart + (HB_MAXG + 1);
     m.pstart = m.lstart + (HB_MAXG + 1);
@@ -295,13 +317,13 @@ __device__ __forceinline__ void hf_pstarts(const int *rstart, int G, int *pstart
 // MXFP8 forms' pstart when pstarts is set), then synchronizes the CTA and, with CL = 2, the
 // cluster (so that the peer's barriers are initialized before anything reaches them). It
 // returns false for invalid sizes, alike in both CTAs of a cluster.
-template <int CL>
+template <int CL, int NC, int BR>
 __device__ __forceinline__ bool hf_begin(const hf_smem &m, hb_sched *sc, const int *sizes, int G, int M, int ntc, int light,
                                          i64 *status, int op, bool pstarts) {
     __shared__ int bad;
     if (threadIdx.x < 32) {
         const int e =
-            hb_setup(sizes, G, M, ntc, light, m.tstart, m.lstart, sc, m.rstart, status, op, m.full, m.empty, HF_STAGES, CL * 8);
+            hb_setup<BR>(sizes, G, M, ntc, light, m.tstart, m.lstart, sc, m.rstart, status, op, m.full, m.empty, hf_cfg<NC>::S, CL * 4 * NC);
         if (!e && pstarts) hf_pstarts(m.rstart, G, m.pstart);
         if (threadIdx.x == 0) bad = e;
     }
@@ -313,10 +335,10 @@ __device__ __forceinline__ bool hf_begin(const hf_smem &m, hb_sched *sc, const i
 
 // hf_load_a issues a stage's A tile (rows row0.., contraction from c0): with CL = 2 this
 // CTA's half, multicast to both CTAs of the cluster; else the whole box.
-template <int CL>
+template <int CL, int NC>
 __device__ __forceinline__ void hf_load_a(unsigned char *stg, const dl_tmap *tmA, int c0, int row0, u32 crank, u64 *bar) {
     if constexpr (CL > 1)
-        hf_tma2d_mc(stg + crank * (HF_A_BYTES / CL), tmA, c0, row0 + crank * (HF_BM / CL), bar, (1 << CL) - 1);
+        hf_tma2d_mc(stg + crank * (hf_cfg<NC>::A_BYTES / CL), tmA, c0, row0 + crank * (hf_cfg<NC>::BM / CL), bar, (1 << CL) - 1);
     else
         hb_tma2d(stg, tmA, c0, row0, bar);
 }
@@ -328,16 +350,16 @@ struct hf_ftile {
 };
 
 // hf_fwd_tile returns the place of schedule position tile for this CTA of a cluster of CL.
-template <int CL>
+template <int CL, int BM>
 __device__ __forceinline__ hf_ftile hf_fwd_tile(const hb_sched *sc, const hf_smem &m, int G, int tile, u32 crank) {
     hf_ftile t;
     int local;
     t.g = hb_pick(sc, m.tstart, m.lstart, G, tile, &local);
     t.sz = m.rstart[t.g + 1] - m.rstart[t.g];
-    const int mtiles = (t.sz + HF_BM - 1) / HF_BM;
+    const int mtiles = (t.sz + BM - 1) / BM;
     t.mt = local % mtiles, t.nt = (local / mtiles) * CL + crank;
-    t.row0 = m.rstart[t.g] + t.mt * HF_BM, t.n0 = t.nt * HF_BN;
-    t.rows = min(HF_BM, t.sz - t.mt * HF_BM);
+    t.row0 = m.rstart[t.g] + t.mt * BM, t.n0 = t.nt * HF_BN;
+    t.rows = min(BM, t.sz - t.mt * BM);
     return t;
 }
 
@@ -348,12 +370,12 @@ struct hf_wtile {
 };
 
 // hf_wg_tile returns the place of tile (of G·tm·tnc) for this CTA of a cluster of CL.
-template <int CL>
+template <int CL, int BM>
 __device__ __forceinline__ hf_wtile hf_wg_tile(const hf_smem &m, int tile, int tm, int tnc, u32 crank) {
     hf_wtile t;
     t.g = tile / (tm * tnc);
     const int local = tile % (tm * tnc);
-    t.m0 = (local % tm) * HF_BM, t.n0 = ((local / tm) * CL + crank) * HF_BN;
+    t.m0 = (local % tm) * BM, t.n0 = ((local / tm) * CL + crank) * HF_BN;
     t.p0 = m.tstart[t.g], t.nkb = m.tstart[t.g + 1] - t.p0;
     return t;
 }
@@ -472,17 +494,18 @@ __device__ __forceinline__ void hf_mx_stage(float *tot, float *part, const unsig
 // wgmma and writes nothing. Rows past the group's end in a tile belong to the next group
 // and are computed but not written; rows past M, columns past N and contraction past Kc
 // read TMA's zeros. Rows past sum(sizes) are zeroed by the tail kernel, launched first.
-template <int TA, int TB, int CL, int MX>
+template <int TA, int TB, int CL, int MX, int NC>
 __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, const void *sav, int ss, int grouped, void *y,
                                         const void *sbv, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs,
                                         i64 *status, int op, int light, int f32) {
+    using L = hf_cfg<NC>;
     extern __shared__ unsigned char hf_raw[];
-    const hf_smem m = hf_carve(hf_raw);
+    const hf_smem m = hf_carve<NC>(hf_raw);
     __shared__ hb_sched sc;
     const int tid = threadIdx.x;
     const u32 crank = CL > 1 ? hf_cta_rank() : 0;
     const int ntn = (N + HF_BN - 1) / HF_BN, ntc = (ntn + CL - 1) / CL; // column tiles, per CTA of a cluster
-    if (!hf_begin<CL>(m, &sc, sizes, G, M, ntc, light, status, op, MX)) return;
+    if (!hf_begin<CL, NC, L::BM>(m, &sc, sizes, G, M, ntc, light, status, op, MX)) return;
     const int total = m.tstart[G] + m.lstart[G];
     const int nkb = (Kc + HF_BK - 1) / HF_BK;
     const int first = blockIdx.x / CL, step = gridDim.x / CL;
@@ -490,28 +513,28 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
     // Uniform over the warp (see hb_grouped): the branches on it must not look divergent.
     const int wg = __shfl_sync(DL_FULL, tid / 128, 0);
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(L::PREG));
         if (tid == 0) {
             int it = 0;
             for (int tile = first; tile < total; tile += step) {
-                const hf_ftile t = hf_fwd_tile<CL>(&sc, m, G, tile, crank);
+                const hf_ftile t = hf_fwd_tile<CL, L::BM>(&sc, m, G, tile, crank);
                 const bool hasB = t.n0 < N;
                 const u32 sbytes = MX && hasB ? 4 * min(HF_BN, N - t.n0) : 0;
                 for (int kb = 0; kb < nkb; kb++, it++) {
-                    const int st = it % HF_STAGES;
-                    const u32 ph = (it / HF_STAGES) & 1;
+                    const int st = it % L::S;
+                    const u32 ph = (it / L::S) & 1;
                     hf_wait_empty(&m.empty[st], ph ^ 1);
-                    unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
-                    hb_mbar_expect_tx(&m.full[st], HF_A_BYTES + (hasB ? HF_B_BYTES : 0) + sbytes);
-                    hf_load_a<CL>(stg, tmA, kb * HF_BK, t.row0, crank, &m.full[st]);
-                    if (hasB) hb_tma3d(stg + HF_A_BYTES, tmB, kb * HF_BK, t.n0, t.g, &m.full[st]);
+                    unsigned char *stg = m.stages + st * L::STAGE;
+                    hb_mbar_expect_tx(&m.full[st], L::A_BYTES + (hasB ? HF_B_BYTES : 0) + sbytes);
+                    hf_load_a<CL, NC>(stg, tmA, kb * HF_BK, t.row0, crank, &m.full[st]);
+                    if (hasB) hb_tma3d(stg + L::A_BYTES, tmB, kb * HF_BK, t.n0, t.g, &m.full[st]);
                     if (sbytes)
                         hf_bulk(sbs + st * 512, (const unsigned char *)sbv + (((i64)t.g * nkb + kb) * N + t.n0) * 4, sbytes, &m.full[st]);
                 }
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(L::CREG));
         const int c = wg - 1;
         const int w = (tid % 128) / 32, lane = tid % 32;
         const int r = w * 16 + lane / 4;
@@ -522,7 +545,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
         int dec = 0; // MXFP8: stages decoded, whose parity picks the table
         (void)dec;
         for (int tile = first; tile < total; tile += step) {
-            const hf_ftile t = hf_fwd_tile<CL>(&sc, m, G, tile, crank);
+            const hf_ftile t = hf_fwd_tile<CL, L::BM>(&sc, m, G, tile, crank);
             const bool active = c * 64 < t.rows && t.nt < ntn;
             // The scales of the thread's two rows (and, blockwise, of the tile's columns),
             // loaded a stage ahead: *n for the next stage. Blockwise rows past Mr and MXFP8
@@ -533,7 +556,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
             const u32 *w0p = nullptr, *w1p = nullptr;
             const int ra0 = t.row0 + c * 64 + r, ra1 = ra0 + 8;
             if constexpr (MX) {
-                const int i0 = t.mt * HF_BM + c * 64 + r, i1 = i0 + 8;
+                const int i0 = t.mt * L::BM + c * 64 + r, i1 = i0 + 8;
                 const i64 srow = grouped ? (i64)m.pstart[t.g] * HF_BM - m.rstart[t.g] : 0; // scale row − row
                 const unsigned char *sab = (const unsigned char *)sav;
                 if (i0 < t.sz) w0p = (const u32 *)(sab + (srow + ra0) * ss);
@@ -547,8 +570,8 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
 #pragma unroll
             for (int i = 0; i < 64; i++) tot[i] = 0.f;
             for (int kb = 0; kb < nkb; kb++, it++) {
-                const int st = it % HF_STAGES;
-                const u32 ph = (it / HF_STAGES) & 1;
+                const int st = it % L::S;
+                const u32 ph = (it / L::S) & 1;
                 const float sbk = sbn, a0 = a0n, a1 = a1n;
                 const u32 w0 = w0n, w1 = w1n;
                 if (kb + 1 < nkb) {
@@ -567,14 +590,14 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                     hf_release<CL>(&m.empty[st], lane, crank);
                     continue;
                 }
-                const unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
+                const unsigned char *stg = m.stages + st * L::STAGE;
                 if constexpr (MX) {
                     float *tab = m.mx + (2 * c + (dec++ & 1)) * HF_MXT;
                     hf_mx_decode(tab, sbs + st * 512, 4, 1, tid % 128, 1 + c);
-                    hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, w0, w1, tab + 40 * (lane % 4),
+                    hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + L::A_BYTES, w0, w1, tab + 40 * (lane % 4),
                                             &m.empty[st], lane, crank);
                 } else {
-                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
+                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + L::A_BYTES);
                     // The stage's data is read: hand it back before promoting.
                     hf_release<CL>(&m.empty[st], lane, crank);
                     const float s0 = a0 * sbk, s1 = a1 * sbk;
@@ -614,44 +637,45 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
 // neighbouring n-tiles; an empty group's tile writes zeros (accum: nothing). accum adds
 // the result to dw. Scale slots past R or C hold stale values, which only rows and columns
 // that are not written use.
-template <int TA, int TB, int CL, int MX>
+template <int TA, int TB, int CL, int MX, int NC>
 __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB, const void *sa, int sra, const void *sb, int srb,
                                          void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32,
                                          int accum) {
+    using L = hf_cfg<NC>;
     extern __shared__ unsigned char hf_raw[];
-    const hf_smem m = hf_carve(hf_raw);
+    const hf_smem m = hf_carve<NC>(hf_raw);
     __shared__ hb_sched sc;
     const int tid = threadIdx.x;
     const u32 crank = CL > 1 ? hf_cta_rank() : 0;
-    if (!hf_begin<CL>(m, &sc, sizes, G, M, 1, 0, status, op, false)) return;
-    const int tm = (R + HF_BM - 1) / HF_BM, tn = (C + HF_BN - 1) / HF_BN, tnc = (tn + CL - 1) / CL;
+    if (!hf_begin<CL, NC, HF_BK>(m, &sc, sizes, G, M, 1, 0, status, op, false)) return;
+    const int tm = (R + L::BM - 1) / L::BM, tn = (C + HF_BN - 1) / HF_BN, tnc = (tn + CL - 1) / CL;
     const int total = G * tm * tnc;
     const int first = blockIdx.x / CL, step = gridDim.x / CL;
-    unsigned char *sas = (unsigned char *)m.sa, *sbs = (unsigned char *)m.sb; // 512 bytes a stage each
+    unsigned char *sas = (unsigned char *)m.sa, *sbs = (unsigned char *)m.sb; // 4·BM and 512 bytes a stage
     const int wg = __shfl_sync(DL_FULL, tid / 128, 0);
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(L::PREG));
         if (tid == 0) {
             int it = 0;
             for (int tile = first; tile < total; tile += step) {
-                const hf_wtile t = hf_wg_tile<CL>(m, tile, tm, tnc, crank);
+                const hf_wtile t = hf_wg_tile<CL, L::BM>(m, tile, tm, tnc, crank);
                 // Scale bytes per run: MXFP8 one code per row (four runs), blockwise one f32.
-                const u32 ab = (MX ? 1 : 4) * min(HF_BM, R - t.m0), bb = t.n0 < C ? (MX ? 1 : 4) * min(HF_BN, C - t.n0) : 0;
+                const u32 ab = (MX ? 1 : 4) * min(L::BM, R - t.m0), bb = t.n0 < C ? (MX ? 1 : 4) * min(HF_BN, C - t.n0) : 0;
                 const u32 runs = MX ? 4 : 1;
                 for (int kb = 0; kb < t.nkb; kb++, it++) {
-                    const int st = it % HF_STAGES;
-                    const u32 ph = (it / HF_STAGES) & 1;
+                    const int st = it % L::S;
+                    const u32 ph = (it / L::S) & 1;
                     hf_wait_empty(&m.empty[st], ph ^ 1);
-                    unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
+                    unsigned char *stg = m.stages + st * L::STAGE;
                     // A column tile past C (the odd one of a cluster) loads no B.
-                    hb_mbar_expect_tx(&m.full[st], HF_A_BYTES + runs * ab + (bb ? HF_B_BYTES + runs * bb : 0));
+                    hb_mbar_expect_tx(&m.full[st], L::A_BYTES + runs * ab + (bb ? HF_B_BYTES + runs * bb : 0));
                     const int p = (t.p0 + kb) * HF_BK;
-                    hf_load_a<CL>(stg, tmA, p, t.m0, crank, &m.full[st]);
-                    if (bb) hb_tma2d(stg + HF_A_BYTES, tmB, p, t.n0, &m.full[st]);
+                    hf_load_a<CL, NC>(stg, tmA, p, t.m0, crank, &m.full[st]);
+                    if (bb) hb_tma2d(stg + L::A_BYTES, tmB, p, t.n0, &m.full[st]);
                     for (u32 q = 0; q < runs; q++) {
                         // The run's first scale: token block (t.p0 + kb)·runs + q of the operand's.
                         const i64 blk = (i64)(t.p0 + kb) * runs + q;
-                        hf_bulk(sas + st * 512 + q * 128, (const unsigned char *)sa + (blk * sra + t.m0) * (MX ? 1 : 4), ab, &m.full[st]);
+                        hf_bulk(sas + st * (4 * L::BM) + q * 128, (const unsigned char *)sa + (blk * sra + t.m0) * (MX ? 1 : 4), ab, &m.full[st]);
                         if (bb)
                             hf_bulk(sbs + st * 512 + q * 128, (const unsigned char *)sb + (blk * srb + t.n0) * (MX ? 1 : 4), bb, &m.full[st]);
                     }
@@ -659,7 +683,7 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(L::CREG));
         const int c = wg - 1;
         const int w = (tid % 128) / 32, lane = tid % 32;
         const int r = w * 16 + lane / 4;
@@ -670,24 +694,24 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
         int dec = 0; // MXFP8: stages decoded, whose parity picks the table
         (void)dec;
         for (int tile = first; tile < total; tile += step) {
-            const hf_wtile t = hf_wg_tile<CL>(m, tile, tm, tnc, crank);
+            const hf_wtile t = hf_wg_tile<CL, L::BM>(m, tile, tm, tnc, crank);
             if (t.nkb == 0 && accum) continue;
             const bool active = t.m0 + c * 64 < R && t.n0 < C;
 #pragma unroll
             for (int i = 0; i < 64; i++) tot[i] = 0.f;
             for (int kb = 0; kb < t.nkb; kb++, it++) {
-                const int st = it % HF_STAGES;
-                const u32 ph = (it / HF_STAGES) & 1;
+                const int st = it % L::S;
+                const u32 ph = (it / L::S) & 1;
                 hb_mbar_wait(&m.full[st], ph);
                 if (!active) {
                     hf_release<CL>(&m.empty[st], lane, crank);
                     continue;
                 }
-                const unsigned char *stg = m.stages + st * HF_STAGE_BYTES;
+                const unsigned char *stg = m.stages + st * L::STAGE;
                 if constexpr (MX) {
                     // The codes of the thread's two rows (byte q: block q); the columns'
                     // decoded into the table.
-                    const unsigned char *ssa = sas + st * 512 + c * 64 + r;
+                    const unsigned char *ssa = sas + st * (4 * L::BM) + c * 64 + r;
                     u32 w0 = 0, w1 = 0;
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
@@ -696,23 +720,42 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                     }
                     float *tab = m.mx + (2 * c + (dec++ & 1)) * HF_MXT;
                     hf_mx_decode(tab, sbs + st * 512, 1, 128, tid % 128, 1 + c);
-                    hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + HF_A_BYTES, w0, w1, tab + 40 * (lane % 4),
+                    hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + L::A_BYTES, w0, w1, tab + 40 * (lane % 4),
                                             &m.empty[st], lane, crank);
                 } else {
-                    const float *ssa = (const float *)m.sa + st * HF_BM + c * 64 + r,
+                    const float *ssa = (const float *)m.sa + st * L::BM + c * 64 + r,
                                 *ssb = (const float *)m.sb + st * HF_BN + 2 * (lane % 4);
                     const float sa0 = ssa[0], sa1 = ssa[8];
-                    float2 sbf[HF_BN / 8];
+                    if constexpr (NC == 2) {
+                        // The column scales in registers during the MMA; the stage handed back
+                        // before promoting.
+                        float2 sbf[HF_BN / 8];
 #pragma unroll
-                    for (int j = 0; j < HF_BN / 8; j++) sbf[j] = *(const float2 *)(ssb + 8 * j);
-                    hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + HF_A_BYTES);
-                    hf_release<CL>(&m.empty[st], lane, crank);
+                        for (int j = 0; j < HF_BN / 8; j++) sbf[j] = *(const float2 *)(ssb + 8 * j);
+                        hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + L::A_BYTES);
+                        hf_release<CL>(&m.empty[st], lane, crank);
 #pragma unroll
-                    for (int j = 0; j < HF_BN / 8; j++) {
-                        tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sbf[j].x, tot[4 * j + 0]);
-                        tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sbf[j].y, tot[4 * j + 1]);
-                        tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sbf[j].x, tot[4 * j + 2]);
-                        tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sbf[j].y, tot[4 * j + 3]);
+                        for (int j = 0; j < HF_BN / 8; j++) {
+                            tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sbf[j].x, tot[4 * j + 0]);
+                            tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sbf[j].y, tot[4 * j + 1]);
+                            tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sbf[j].x, tot[4 * j + 2]);
+                            tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sbf[j].y, tot[4 * j + 3]);
+                        }
+                    } else {
+                        // 160 registers hold the accumulators but not 32 column scales beside
+                        // them: each pair is read from the stage's slot as it is used, and the
+                        // stage handed back after the promotion (the other two consumers keep
+                        // the tensor cores busy meanwhile).
+                        hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + L::A_BYTES);
+#pragma unroll
+                        for (int j = 0; j < HF_BN / 8; j++) {
+                            const float2 sb = *(const float2 *)(ssb + 8 * j);
+                            tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb.x, tot[4 * j + 0]);
+                            tot[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb.y, tot[4 * j + 1]);
+                            tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, tot[4 * j + 2]);
+                            tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, tot[4 * j + 3]);
+                        }
+                        hf_release<CL>(&m.empty[st], lane, crank);
                     }
                 }
             }
@@ -722,13 +765,13 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
 
-#define HF_BODY(TA, TB, CL) hf_gemm<TA, TB, CL, 0>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
-#define HF_WBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 0>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, f32, acc);
-#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, f32);
-#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_BODY(TA, TB, CL, NC) hf_gemm<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
+#define HF_WBODY(TA, TB, CL, NC) hf_wgrad<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, f32);
+#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, f32, acc);
 #else
-#define HF_BODY(TA, TB, CL)
-#define HF_WBODY(TA, TB, CL)
+#define HF_BODY(TA, TB, CL, NC)
+#define HF_WBODY(TA, TB, CL, NC)
 #define HF_MXBODY(TA, TB, CL)
 #define HF_MXWBODY(TA, TB, CL)
 #endif
@@ -736,21 +779,21 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 // Forward and input gradient, A of element type TA and B of TB (0 E4M3, 1 E5M2); f32
 // selects f32 output (else bf16). The _x2 kernels run in clusters of two CTAs (CL = 2); the
 // grid must then be even and its clusters must all fit on the device at once (the grid is
-// persistent).
-#define HF_KERNEL(NAME, TA, TB, CL, ATTR)                                                                                        \
-    extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
+// persistent). NC consumer warpgroups: 128·(NC + 1) threads a CTA (see hf_cfg).
+#define HF_KERNEL(NAME, TA, TB, CL, ATTR, NC)                                                                                    \
+    extern "C" __global__ void ATTR __launch_bounds__(128 * (NC + 1), 1)                                                        \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, int Mr, void *y,         \
              const float *sb, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs, i64 *status, int op,         \
              int light, int f32) {                                                                                               \
-        HF_BODY(TA, TB, CL)                                                                                                      \
+        HF_BODY(TA, TB, CL, NC)                                                                                                  \
     }
 
 // Weight gradient, A of element type TA and B of TB; f32 output else bf16; acc adds.
-#define HF_WKERNEL(NAME, TA, TB, CL, ATTR)                                                                                       \
-    extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
+#define HF_WKERNEL(NAME, TA, TB, CL, ATTR, NC)                                                                                   \
+    extern "C" __global__ void ATTR __launch_bounds__(128 * (NC + 1), 1)                                                        \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, const float *sb,         \
              void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32, int acc) {                     \
-        HF_WBODY(TA, TB, CL)                                                                                                     \
+        HF_WBODY(TA, TB, CL, NC)                                                                                                 \
     }
 
 // MXFP8 forward and input gradient, and weight gradient (E8M0 scales as bytes).
@@ -772,10 +815,14 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 #define HF_ONE
 #define HF_TWO __cluster_dims__(2, 1, 1)
 #define HF_KERNELS(A, B, TA, TB)                                                                                                  \
-    HF_KERNEL(dl_hopper_fp8_##A##_##B, TA, TB, 1, HF_ONE)                                                                         \
-    HF_KERNEL(dl_hopper_fp8_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                                      \
-    HF_WKERNEL(dl_hopper_fp8_wgrad_##A##_##B, TA, TB, 1, HF_ONE)                                                                  \
-    HF_WKERNEL(dl_hopper_fp8_wgrad_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                              \
+    HF_KERNEL(dl_hopper_fp8_##A##_##B, TA, TB, 1, HF_ONE, 2)                                                                      \
+    HF_KERNEL(dl_hopper_fp8_x2_##A##_##B, TA, TB, 2, HF_TWO, 2)                                                                   \
+    HF_KERNEL(dl_hopper_fp8_m192_##A##_##B, TA, TB, 1, HF_ONE, 3)                                                                 \
+    HF_KERNEL(dl_hopper_fp8_x2_m192_##A##_##B, TA, TB, 2, HF_TWO, 3)                                                              \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_##A##_##B, TA, TB, 1, HF_ONE, 2)                                                               \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_x2_##A##_##B, TA, TB, 2, HF_TWO, 2)                                                           \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_m192_##A##_##B, TA, TB, 1, HF_ONE, 3)                                                         \
+    HF_WKERNEL(dl_hopper_fp8_wgrad_x2_m192_##A##_##B, TA, TB, 2, HF_TWO, 3)                                                      \
     HF_MXKERNEL(dl_hopper_mx_##A##_##B, TA, TB, 1, HF_ONE)                                                                        \
     HF_MXKERNEL(dl_hopper_mx_x2_##A##_##B, TA, TB, 2, HF_TWO)                                                                     \
     HF_MXWKERNEL(dl_hopper_mx_wgrad_##A##_##B, TA, TB, 1, HF_ONE)                                                                 \

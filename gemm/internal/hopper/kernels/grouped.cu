@@ -152,12 +152,13 @@ struct hb_sched {
 };
 
 // hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
-// rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per 128-row
+// rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per BM-row
 // block: tstart for the heavy groups, lstart for the light ones, with sc the schedule's
 // constants), 32 groups at a time with warp shuffles, records the first invalid size in
 // status (block 0 only; null: none) as an error of op and initializes the S-stage barrier
 // ring (full: one arrival and the transaction bytes; empty: ecount arrivals). It returns,
 // in every lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
+template <int BM = HB_BM>
 __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int *tstart, int *lstart,
                                         hb_sched *sc, int *rstart, i64 *status, int op, u64 *full, u64 *empty, int S,
                                         int ecount) {
@@ -168,7 +169,7 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
     for (int base = 0; base < G; base += 32) {
         const int g = base + lane;
         const int sz = g < G ? sizes[g] : 0;
-        const int nt = sz > 0 ? ((sz + HB_BM - 1) / HB_BM) * ntn : 0;
+        const int nt = sz > 0 ? ((sz + BM - 1) / BM) * ntn : 0;
         const int tl = sz < light ? 0 : nt, ll = sz < light ? nt : 0;
         long long rin = sz; // inclusive prefix sums within the 32 groups
         int tin = tl, lin = ll;
