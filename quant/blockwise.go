@@ -244,7 +244,7 @@ func QuantizeBlockwise(s *device.Stream, x *device.Tensor, opt BlockOptions) (*B
 	if err != nil {
 		return nil, err
 	}
-	if err := quantizeBlockwiseInto(fn, opQuantizeBlockwise, s, q, x, opt); err != nil {
+	if err := quantizeBlockwiseInto(fn, opQuantizeBlockwise, s, q, input{x: x}, opt); err != nil {
 		q.Free()
 		return nil, err
 	}
@@ -257,11 +257,12 @@ func QuantizeBlockwise(s *device.Stream, x *device.Tensor, opt BlockOptions) (*B
 // which it replaces). It allocates nothing: for training loops and benchmarks. q's
 // tensors must not overlap x or opt.GroupSizes.
 func QuantizeBlockwiseInto(s *device.Stream, q *Blockwise, x *device.Tensor, opt BlockOptions) error {
-	return quantizeBlockwiseInto("QuantizeBlockwiseInto", opQuantizeBlockwiseInto, s, q, x, opt)
+	return quantizeBlockwiseInto("QuantizeBlockwiseInto", opQuantizeBlockwiseInto, s, q, input{x: x}, opt)
 }
 
-// quantizeBlockwiseInto is QuantizeBlockwiseInto for fn, whose status records have op.
-func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x *device.Tensor, opt BlockOptions) error {
+// quantizeBlockwiseInto is QuantizeBlockwiseInto for fn, whose status records have op,
+// from the tensor or the source in.
+func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, in input, opt BlockOptions) error {
 	if err := checkBlockOptions(fn, s, opt); err != nil {
 		return err
 	}
@@ -271,7 +272,7 @@ func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x 
 	if err := q.check(fn, s, q.Dir); err != nil {
 		return err
 	}
-	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
+	if err := in.check(fn, s, q.M, q.K); err != nil {
 		return err
 	}
 	if err := checkHolds(fn, opt.Format, q.Format, opt.Dir, q.Dir); err != nil {
@@ -283,9 +284,9 @@ func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x 
 	}
 	q.Scale = opt.Scale
 	if s.Device().IsCUDA() {
-		return quantizeBlockwiseGPU(s, q, x, opt.GroupSizes, st, op)
+		return quantizeBlockwiseGPU(s, q, in, opt.GroupSizes, st, op)
 	}
-	return quantizeBlockwiseCPU(s, q, x, opt.GroupSizes, st, op)
+	return quantizeBlockwiseCPU(s, q, in, opt.GroupSizes, st, op)
 }
 
 // DequantizeBlockwise writes q's values from Row (dir Rowwise) or from ColT (dir

@@ -199,7 +199,7 @@ func Quantize(s *device.Stream, x *device.Tensor, opt Options) (*MXFP8, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := quantizeInto(fn, s, q, x, opt); err != nil {
+	if err := quantizeInto(fn, s, q, input{x: x}, opt); err != nil {
 		q.Free()
 		return nil, err
 	}
@@ -211,11 +211,11 @@ func Quantize(s *device.Stream, x *device.Tensor, opt Options) (*MXFP8, error) {
 // and may differ from call to call). It allocates nothing: for training loops and
 // benchmarks. q's tensors must not overlap x or opt.GroupSizes.
 func QuantizeInto(s *device.Stream, q *MXFP8, x *device.Tensor, opt Options) error {
-	return quantizeInto("QuantizeInto", s, q, x, opt)
+	return quantizeInto("QuantizeInto", s, q, input{x: x}, opt)
 }
 
-// quantizeInto is QuantizeInto for fn.
-func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt Options) error {
+// quantizeInto is QuantizeInto for fn, from the tensor or the source in.
+func quantizeInto(fn string, s *device.Stream, q *MXFP8, in input, opt Options) error {
 	if s == nil {
 		return fmt.Errorf("quant: %s: nil stream", fn)
 	}
@@ -231,7 +231,7 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	if (q.Row != nil) != q.Dir.rows() || (q.Col != nil) != (q.Dir.cols() && !q.Transposed) || (q.ColT != nil) != (q.Dir.cols() && q.Transposed) {
 		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v (transposed %v)", fn, q.Dir, q.Transposed)
 	}
-	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
+	if err := in.check(fn, s, q.M, q.K); err != nil {
 		return err
 	}
 	if err := checkHolds(fn, opt.Format, q.Format, opt.Dir, q.Dir); err != nil {
@@ -249,9 +249,9 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	}
 	q.Mode = opt.Mode
 	if s.Device().IsCUDA() {
-		return quantizeGPU(s, q, x, opt.GroupSizes, st)
+		return quantizeGPU(s, q, in, opt.GroupSizes, st)
 	}
-	return quantizeCPU(s, q, x, opt.GroupSizes, st)
+	return quantizeCPU(s, q, in, opt.GroupSizes, st)
 }
 
 // checkSource returns an error of fn unless x is a live BF16 or F32 matrix on s's device.
