@@ -186,6 +186,36 @@ func (q *Blockwise) Free() error {
 	return errors.Join(device.FreeAll(q.Row, q.RowScale, q.ColT, q.ColTScale, q.alloc.tiles, q.alloc.gtab), q.Status.Free())
 }
 
+// FreeOn is Free in stream order on s instead of on the streams that allocated q's
+// tensors (see device.Tensor.FreeOn), for a q last used on s; the Status is freed as by
+// Free. Freeing a nil q does nothing.
+func (q *Blockwise) FreeOn(s *device.Stream) error {
+	if q == nil {
+		return nil
+	}
+	if s == nil {
+		return errors.New("quant: Blockwise.FreeOn: nil stream")
+	}
+	return errors.Join(freeAllOn(s, q.Row, q.RowScale, q.ColT, q.ColTScale, q.alloc.tiles, q.alloc.gtab), q.Status.Free())
+}
+
+// DropRows frees q's rowwise form, Row and RowScale (see device.Tensor.Free), and sets
+// q.Dir to Columnwise: for a q quantized in both directions whose rowwise form has been
+// read and whose columnwise form is kept. q is then as AllocBlockwise makes it for
+// Columnwise, its columnwise data and token blocks unchanged. It does nothing when q
+// holds no rowwise form; a nil q, or one without a columnwise form, is an error.
+func (q *Blockwise) DropRows() error {
+	switch {
+	case q == nil:
+		return errors.New("quant: Blockwise.DropRows: q is nil")
+	case !q.Dir.cols():
+		return fmt.Errorf("quant: Blockwise.DropRows: q.Dir is %v: q holds no columnwise form to keep (free q instead)", q.Dir)
+	}
+	err := device.FreeAll(q.Row, q.RowScale)
+	q.Row, q.RowScale, q.Dir = nil, nil, Columnwise
+	return err
+}
+
 // check returns an error of fn unless q is as AllocBlockwise made it (but for Scale,
 // which quantizations may change) and its tensors of direction use are live on s's
 // device.
