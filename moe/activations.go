@@ -7,6 +7,7 @@ import (
 	"github.com/dropless/dropless/device"
 	"github.com/dropless/dropless/ep"
 	"github.com/dropless/dropless/offload"
+	"github.com/dropless/dropless/quant"
 )
 
 // Names of the activations the layer keeps for Backward, as an offload.Policy names
@@ -14,7 +15,7 @@ import (
 const (
 	ActPermuted  = "moe_permuted"   // the permuted (dispatched) input, [R,H]
 	ActWi        = "moe_mlpwi"      // gate and up projections, [R,2F]
-	ActSwiGLU    = "moe_mlp_swiglu" // their SwiGLU, [R,F]
+	ActSwiGLU    = "moe_mlp_swiglu" // their SwiGLU, [R,F] (FP8 layers: its columnwise FP8 form, codes and scales)
 	ActWo        = "moe_mlpwo"      // expert outputs, [R,H]
 	ActSharedWi  = "mlpwi"          // the shared expert's gate and up, [T,2Fs]
 	ActSharedAct = "mlp_swiglu"     // its SwiGLU, [T,Fs]
@@ -50,6 +51,13 @@ type Activations struct {
 	xp, h, a, yp saved // [R,H], [R,2F], [R,F], [R,H]
 	hs, as       saved // shared expert: [T,2Fs], [T,Fs]
 	all          *device.Tensor
+
+	// aFP8: a is kept as its columnwise FP8 form (an FP8 layer's fused SwiGLU), the
+	// codes in a and their scales in aScale, both saved as ActSwiGLU, and the rest of
+	// the form (its layout and tables) in aq, which takes the two back for the GEMM.
+	aFP8   bool
+	aScale saved
+	aq     fp8Rows
 }
 
 // Free releases the activations' tensors, in stream order on the stream of the last
@@ -62,11 +70,11 @@ func (a *Activations) Free() error {
 	if a.Layout != nil {
 		errs = append(errs, a.Layout.Free())
 	}
-	for _, sl := range []*saved{&a.xp, &a.h, &a.a, &a.yp, &a.hs, &a.as} {
+	for _, sl := range []*saved{&a.xp, &a.h, &a.a, &a.aScale, &a.yp, &a.hs, &a.as} {
 		errs = append(errs, a.release(sl, true))
 	}
-	errs = append(errs, freeOn(a.s, a.weights, a.all))
-	a.weights, a.all = nil, nil
+	errs = append(errs, freeOn(a.s, a.weights, a.all), a.aq.freeOn(a.s))
+	a.weights, a.all, a.aq = nil, nil, fp8Rows{}
 	return errors.Join(errs...)
 }
 
@@ -130,6 +138,23 @@ func (a *Activations) get(s *device.Stream, sl *saved, recompute func() (*device
 	}
 	sl.t, sl.loaned = t, true
 	return t, nil
+}
+
+// adopt gives sl the tensor t, recomputed with another activation (the codes and the
+// scales of a kept FP8 form are rebuilt together), to be released after its last use
+// in Backward as a recomputed one: instead of what the offloader holds of it, which is
+// dropped; when sl holds its own tensor, t is freed and that one is kept.
+func (a *Activations) adopt(s *device.Stream, sl *saved, t *device.Tensor) error {
+	if sl.t != nil {
+		return t.FreeOn(s)
+	}
+	var err error
+	if sl.inOff {
+		err = a.cfg.Offload.Drop(s, sl.h)
+		sl.inOff, sl.h = false, offload.Handle{}
+	}
+	sl.t, sl.loaned = t, true
+	return err
 }
 
 // done releases sl after its last use in Backward when it came from the offloader.
@@ -216,10 +241,11 @@ func (a *Activations) Stats(s *device.Stream) (Stats, error) {
 	return st, nil
 }
 
-// recompute returns the functions that rebuild each activation the offloader dropped.
-// The expert GEMMs run as in Forward, in ex's precision, so that what they rebuild is
-// bit for bit what Forward computed.
-func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, h, a, yp, hs, as func() (*device.Tensor, error)) {
+// recompute returns the functions that rebuild each activation the offloader dropped
+// (aScale: the scales of a kept in FP8). The expert GEMMs and the fused SwiGLU run as
+// in Forward, in ex's precision, so that what they rebuild is bit for bit what Forward
+// computed.
+func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, h, a, aScale, yp, hs, as func() (*device.Tensor, error)) {
 	c := l.cfg
 	T, H, F, Fs, dt, R := act.x.Dim(0), c.Hidden, c.FFN, c.SharedFFN, act.x.DType(), act.rows
 	build := func(shape []int, fn func(out *device.Tensor) error) (*device.Tensor, error) {
@@ -250,14 +276,59 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 		}
 		return build([]int{R, 2 * F}, func(t *device.Tensor) error { return ex.dot(t, in, false) })
 	}
+	// cols rebuilds a's columnwise FP8 form from h by the fused kernel, which replaces
+	// act.aq's layout, and returns its codes (or, with scales, its scales), handing the
+	// other tensor to its slot: the two are rebuilt together.
+	cols := func(scales bool) (*device.Tensor, error) {
+		in, err := act.get(s, &act.h, h)
+		if err != nil {
+			return nil, err
+		}
+		q, err := ex.swigluFP8(in, quant.Columnwise)
+		if err != nil {
+			return nil, err
+		}
+		// The new form replaces the kept one's layout (the same: the same groups).
+		codes, sc := q.detachCols()
+		err = act.aq.freeOn(s)
+		act.aq = q
+		if scales {
+			codes, sc = sc, codes
+			err = errors.Join(err, act.adopt(s, &act.a, sc))
+		} else {
+			err = errors.Join(err, act.adopt(s, &act.aScale, sc))
+		}
+		if err != nil {
+			return nil, errors.Join(err, codes.FreeOn(s))
+		}
+		return codes, nil
+	}
 	a = func() (*device.Tensor, error) {
+		if act.aFP8 {
+			return cols(false)
+		}
 		in, err := act.get(s, &act.h, h)
 		if err != nil {
 			return nil, err
 		}
 		return build([]int{R, F}, func(t *device.Tensor) error { return swiglu(s, t, in, act.used) })
 	}
+	aScale = func() (*device.Tensor, error) { return cols(true) }
 	yp = func() (*device.Tensor, error) {
+		if act.aFP8 {
+			// W2's GEMM from the rowwise form of the fused pass, as in Forward.
+			in, err := act.get(s, &act.h, h)
+			if err != nil {
+				return nil, err
+			}
+			return build([]int{R, H}, func(t *device.Tensor) error {
+				q, err := ex.swigluFP8(in, quant.Both)
+				if err != nil {
+					return err
+				}
+				return errors.Join(ex.dotRows(t, q, true), q.free())
+			})
+		}
 		in, err := act.get(s, &act.a, a)
 		if err != nil {
 			return nil, err

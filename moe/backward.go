@@ -77,9 +77,9 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err != nil {
 		return err
 	}
-	reXp, reH, reA, reYp, reHs, reAs := l.recompute(s, act, ex)
+	reXp, reH, reA, reASc, reYp, reHs, reAs := l.recompute(s, act, ex)
 	// Reloads in order of use, one ahead.
-	for _, sl := range []*saved{&act.yp, &act.a} {
+	for _, sl := range []*saved{&act.yp, &act.a, &act.aScale} {
 		if err := act.prefetch(sl); err != nil {
 			return err
 		}
@@ -118,14 +118,29 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := tmp.Err(); err != nil {
 		return err
 	}
-	getA := func() (*device.Tensor, error) { return act.get(s, &act.a, reA) }
-	if err := ex.backward(da, g.W2, dyp, getA, g.Accumulate, true); err != nil {
+	getA := func() (operand, error) {
+		a, err := act.get(s, &act.a, reA)
+		if err != nil || !act.aFP8 {
+			return operand{t: a}, err
+		}
+		scales, err := act.get(s, &act.aScale, reASc)
+		if err != nil {
+			return operand{}, err
+		}
+		act.aq.setCols(a, scales)
+		return operand{q: act.aq}, nil
+	}
+	err = ex.backward(da, g.W2, dyp, getA, g.Accumulate, true)
+	if act.aFP8 {
+		act.aq.setCols(nil, nil) // the slots hold them
+	}
+	if err != nil {
 		return err
 	}
 	if err := ready(s, g.W2, g.W2Ready, "Grads.W2Ready"); err != nil {
 		return err
 	}
-	if err := act.done(&act.a); err != nil {
+	if err := errors.Join(act.done(&act.a), act.done(&act.aScale)); err != nil {
 		return err
 	}
 	l.mark(s, "gemm")
@@ -151,7 +166,10 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := tmp.Err(); err != nil {
 		return err
 	}
-	getXp := func() (*device.Tensor, error) { return act.get(s, &act.xp, reXp) }
+	getXp := func() (operand, error) {
+		xp, err := act.get(s, &act.xp, reXp)
+		return operand{t: xp}, err
+	}
 	if err := ex.backward(dxp, g.W1, dh, getXp, g.Accumulate, false); err != nil {
 		return err
 	}

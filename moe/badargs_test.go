@@ -6,6 +6,7 @@ import (
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/quant"
 )
 
 // Sizes of the bad-argument fixtures: T tokens of width H, E experts, top-K, FFN width F,
@@ -126,7 +127,7 @@ func TestBadArgs(t *testing.T) {
 	t.Cleanup(func() { device.FreeAll(f.ts...) })
 	var cases []badArg
 	for _, group := range [][]badArg{
-		f.routerCases(), f.sortCases(), f.permuteCases(), f.swigluCases(), f.forwardCases(), f.backwardCases(),
+		f.routerCases(), f.sortCases(), f.permuteCases(), f.swigluCases(), f.swigluFP8Cases(), f.forwardCases(), f.backwardCases(),
 	} {
 		cases = append(cases, group...)
 	}
@@ -388,6 +389,48 @@ func (f *argFixture) swigluCases() []badArg {
 		{"SwiGLUGrad/da_shape", "SwiGLUGrad da", bwd(h(), h(), f.f32(baR+1, baF))},
 		{"SwiGLUGrad/nil_dh", "SwiGLUGrad dh", bwd(nil, h(), a())},
 		{"SwiGLUGrad/dh_dtype", "SwiGLUGrad dh", bwd(f.bf(baR, 2*baF), h(), a())},
+	}
+}
+
+func (f *argFixture) swigluFP8Cases() []badArg {
+	s := f.s
+	h := func() *device.Tensor { return f.f32(baR, 2*baF) }
+	bq := dt.Must(quant.AllocBlockwise(s, baR, baF, quant.BlockOptions{}))
+	mq := dt.Must(quant.Alloc(s, baR, baF, quant.Options{}))
+	f.t.Cleanup(func() { bq.Free(); mq.Free() })
+	bgone := dt.Must(quant.AllocBlockwise(s, baR, baF, quant.BlockOptions{}))
+	mgone := dt.Must(quant.Alloc(s, baR, baF, quant.Options{}))
+	bgone.Free()
+	mgone.Free()
+	bw := func(q *quant.Blockwise, h *device.Tensor, opt quant.BlockOptions) func() error {
+		return func() error { return SwiGLUBlockwise(s, q, h, opt) }
+	}
+	mx := func(q *quant.MXFP8, h *device.Tensor, opt quant.Options) func() error {
+		return func() error { return SwiGLUMXFP8(s, q, h, opt) }
+	}
+	return []badArg{
+		{"SwiGLUBlockwise/nil_stream", "SwiGLUBlockwise: nil stream", func() error { return SwiGLUBlockwise(nil, bq, h(), quant.BlockOptions{}) }},
+		{"SwiGLUBlockwise/nil_q", "SwiGLUBlockwise: q is nil", bw(nil, h(), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/freed_q", "SwiGLUBlockwise: quant: QuantizeBlockwiseSource: device: q.Row", bw(bgone, h(), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/nil_h", "SwiGLUBlockwise h", bw(bq, nil, quant.BlockOptions{})},
+		{"SwiGLUBlockwise/freed_h", "SwiGLUBlockwise h", bw(bq, freed(h()), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/h_dtype", "SwiGLUBlockwise h", bw(bq, f.i32(baR, 2*baF), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/h_odd", "SwiGLUBlockwise h", bw(bq, f.f32(baR, 2*baF-1), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/h_rows", "SwiGLUBlockwise h", bw(bq, f.f32(baR+1, 2*baF), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/h_rank", "SwiGLUBlockwise h", bw(bq, f.f32(baR, 2*baF, 1), quant.BlockOptions{})},
+		{"SwiGLUBlockwise/opt_dir", "SwiGLUBlockwise: quant: QuantizeBlockwiseSource: opt.Dir", bw(bq, h(), quant.BlockOptions{Dir: quant.Both})},
+		{"SwiGLUBlockwise/opt_groups", "SwiGLUBlockwise: quant: QuantizeBlockwiseSource: opt.GroupSizes", bw(bq, h(), quant.BlockOptions{GroupSizes: f.i32(2)})},
+
+		{"SwiGLUMXFP8/nil_stream", "SwiGLUMXFP8: nil stream", func() error { return SwiGLUMXFP8(nil, mq, h(), quant.Options{}) }},
+		{"SwiGLUMXFP8/nil_q", "SwiGLUMXFP8: q is nil", mx(nil, h(), quant.Options{})},
+		{"SwiGLUMXFP8/freed_q", "SwiGLUMXFP8: quant: QuantizeSource: device: q.Row", mx(mgone, h(), quant.Options{})},
+		{"SwiGLUMXFP8/nil_h", "SwiGLUMXFP8 h", mx(mq, nil, quant.Options{})},
+		{"SwiGLUMXFP8/freed_h", "SwiGLUMXFP8 h", mx(mq, freed(h()), quant.Options{})},
+		{"SwiGLUMXFP8/h_dtype", "SwiGLUMXFP8 h", mx(mq, f.i32(baR, 2*baF), quant.Options{})},
+		{"SwiGLUMXFP8/h_odd", "SwiGLUMXFP8 h", mx(mq, f.f32(baR, 2*baF+1), quant.Options{})},
+		{"SwiGLUMXFP8/h_rows", "SwiGLUMXFP8 h", mx(mq, f.f32(baR-1, 2*baF), quant.Options{})},
+		{"SwiGLUMXFP8/opt_transpose", "SwiGLUMXFP8: quant: QuantizeSource: opt.Transpose", mx(mq, h(), quant.Options{Transpose: true})},
+		{"SwiGLUMXFP8/opt_format", "SwiGLUMXFP8: quant: QuantizeSource: opt.Format", mx(mq, h(), quant.Options{Format: quant.E5M2})},
 	}
 }
 

@@ -212,8 +212,11 @@ func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *
 			xp = mk(R, H)
 			dt.NoErr(b, Permute(s, xp, x, act.Perm))
 		}
+		// Nor a in bf16 (SwiGLU quantizes it as it computes it): the GEMMs quantize their own.
+		a := mk(R, F)
+		dt.NoErr(b, swiglu(s, a, act.h.t, act.used))
 		var free func()
-		run, free = fp8GEMMs(b, lay, s, act, xp, g, dyp, da, dh, dxp, bwd)
+		run, free = fp8GEMMs(b, lay, s, act, xp, a, g, dyp, da, dh, dxp, bwd)
 		defer free()
 	}
 	run()
@@ -226,11 +229,12 @@ func timeGEMMs(b *testing.B, lay *Layer, s *device.Stream, x *device.Tensor, p *
 	return time.Since(t0) / time.Duration(n)
 }
 
-// fp8GEMMs returns the FP8 GEMMs of an FP8 layer's pass on the rows of act and the
-// permuted input xp (forward: 2; with bwd: 6) as Forward and Backward call them, with the gradients dyp and dh, their
-// operands quantized once, now, as the layer quantizes them, and the weights the layer
-// cached; and the function that frees those operands.
-func fp8GEMMs(b *testing.B, lay *Layer, s *device.Stream, act *Activations, xp *device.Tensor, g *Grads, dyp, da, dh, dxp *device.Tensor, bwd bool) (run, free func()) {
+// fp8GEMMs returns the FP8 GEMMs of an FP8 layer's pass on the rows of act, the
+// permuted input xp and the SwiGLU output a (forward: 2; with bwd: 6) as Forward and
+// Backward call them, with the gradients dyp and dh, their operands quantized once,
+// now, as the layer quantizes them, and the weights the layer cached; and the function
+// that frees those operands.
+func fp8GEMMs(b *testing.B, lay *Layer, s *device.Stream, act *Activations, xp, a *device.Tensor, g *Grads, dyp, da, dh, dxp *device.Tensor, bwd bool) (run, free func()) {
 	q := dt.Must(lay.weights(s, act.p))
 	ts := device.NewTemps(s)
 	var frees []func() error
@@ -257,14 +261,14 @@ func fp8GEMMs(b *testing.B, lay *Layer, s *device.Stream, act *Activations, xp *
 			fwd: gemm.RaggedDotBlockwise, dgrad: gemm.RaggedDotBlockwiseInputGrad, wgrad: gemm.RaggedDotBlockwiseWeightGrad,
 			w1: q.b1, w2: q.b2,
 		}
-		return r.gemms(b, s, act, xp, g, dyp, da, dh, dxp, sizes, cols, o, &frees, bwd), free
+		return r.gemms(b, s, act, xp, a, g, dyp, da, dh, dxp, sizes, cols, o, &frees, bwd), free
 	}
 	r := fp8Recipe[*quant.MXFP8, *quant.MXFP8Weights, quant.Options]{
 		quantize: quant.Quantize, rows: mxRows, cols: mxCols,
 		fwd: gemm.RaggedDotMXFP8, dgrad: gemm.RaggedDotMXFP8InputGrad, wgrad: gemm.RaggedDotMXFP8WeightGrad,
 		w1: q.m1, w2: q.m2,
 	}
-	return r.gemms(b, s, act, xp, g, dyp, da, dh, dxp, sizes, cols, o, &frees, bwd), free
+	return r.gemms(b, s, act, xp, a, g, dyp, da, dh, dxp, sizes, cols, o, &frees, bwd), free
 }
 
 // fp8Recipe is one FP8 recipe's quantization and GEMMs, for fp8GEMMs: operands Q of
@@ -281,14 +285,14 @@ type fp8Recipe[Q interface{ Free() error }, W, O any] struct {
 // gemms quantizes the operands of the pass once, now (adding their frees to frees),
 // and returns the pass's GEMMs on them; colRows cuts an operand or result of the
 // backward to the rows the weight gradients' groups cover.
-func (r fp8Recipe[Q, W, O]) gemms(b *testing.B, s *device.Stream, act *Activations, xp *device.Tensor, g *Grads, dyp, da, dh, dxp, sizes *device.Tensor,
+func (r fp8Recipe[Q, W, O]) gemms(b *testing.B, s *device.Stream, act *Activations, xp, a *device.Tensor, g *Grads, dyp, da, dh, dxp, sizes *device.Tensor,
 	colRows func(*device.Tensor) *device.Tensor, o *gemm.Options, frees *[]func() error, bwd bool) func() {
 	qz := func(t *device.Tensor, opt O) Q {
 		qt := dt.Must(r.quantize(s, t, opt))
 		*frees = append(*frees, qt.Free)
 		return qt
 	}
-	a, counts := act.a.t, act.counts
+	counts := act.counts
 	qxp, qa := qz(xp, r.rows), qz(a, r.rows)
 	var qdyp, qdh, cxp, ca Q
 	if bwd {

@@ -78,7 +78,8 @@
 // DispatchBackward), and each rank holds its E/R experts. Config.Offload hands the
 // activations Backward needs (ActPermuted, ActWi, ActSwiGLU, ActWo and the shared
 // expert's) to an offload.Offloader as soon as Forward is done with each; Backward
-// prefetches them one ahead, and recomputes those the policy dropped.
+// prefetches them one ahead, and recomputes those the policy dropped. An FP8 layer's
+// ActSwiGLU is two tensors under that name, its FP8 codes and their scales (below).
 //
 // # Precisions
 //
@@ -89,32 +90,37 @@
 // E4M3 with an E8M0 scale per 32 elements), quantize each operand with package quant
 // right before its GEMM, which is gemm's FP8 form (RaggedDotBlockwise or RaggedDotMXFP8
 // and their gradients), the incoming gradients dyp and dh once for their two GEMMs,
-// rowwise and columnwise from one pass:
+// rowwise and columnwise from one pass; SwiGLU writes its output a already quantized,
+// in both forms from the pass that computes it (SwiGLUBlockwise, SwiGLUMXFP8), and the
+// layer keeps the columnwise form for Backward instead of a:
 //
 //	h   = xp·W1     xp rowwise (x's rows quantized, then gathered; see below)
 //	                                                W1 as KMajor (cached)
-//	yp  = a·W2      a rowwise                       W2 as KMajor (cached)
+//	yp  = a·W2      a rowwise (from SwiGLU)         W2 as KMajor (cached)
 //	da  = dyp·W2ᵀ   dyp rowwise                     W2 as NMajor (cached)
-//	dW2 = aᵀ·dyp    a and dyp columnwise, transposed, in token blocks that restart at
-//	                each expert
+//	dW2 = aᵀ·dyp    a (kept from SwiGLU) and dyp columnwise, transposed, in token
+//	                blocks that restart at each expert
 //	dxp = dh·W1ᵀ    dh rowwise                      W1 as NMajor (cached)
 //	dW1 = xpᵀ·dh    xp and dh columnwise, transposed, per expert
 //
 // The columnwise quantizations need group sizes that sum to the rows they cover: with
 // Config.EP those are the kept rows; without, all rows, the unused rows of a capacity
-// layer (zeros) counted in the last expert's group. The rowwise forms of dyp and dh
-// cover the same rows (those of da and dxp past the kept ones are zeros, as the GEMMs
-// write them), with the same codes and scales as on their own. Everything else is
-// unchanged but for the permuted x (below): the router, the dispatch, SwiGLU, the
-// combine, the shared expert, the other activations kept for Backward (offloaded or
-// recomputed as before; recomputation quantizes alike, so it rebuilds them bit for
-// bit), and the parameters,
-// gradients and optimizer in their own dtypes. The layer quantizes W1 and W2 once and
-// reuses them while Params holds the same tensors: after changing them in place (each
-// optimizer step) call Layer.InvalidateWeights, or the next steps silently use the old
-// values. Against the bf16 layer on random data the outputs and gradients differ by
-// about 6% (blockwise) and 7% (MXFP8) in relative Frobenius norm, the rounding of four
-// to six E4M3 operands of about 2.6% each. Hidden and FFN must be multiples of 16.
+// layer (zeros) counted in the last expert's group. The rowwise forms of a, dyp and dh
+// cover the same rows (those of yp, da and dxp past the kept ones are zeros, as the
+// GEMMs write them), with the same codes and scales as on their own. The fused SwiGLU
+// computes a as SwiGLU does and rounds it to the activations' dtype before quantizing
+// it, so the layer's results are bit for bit those of quantizing SwiGLU's output; the
+// kept form, offloaded, or dropped and rebuilt from h by the same kernel, is too.
+// Everything else is unchanged but for the permuted x (below): the router, the
+// dispatch, the combine, the shared expert, the other activations kept for Backward
+// (offloaded or recomputed as before; recomputation quantizes alike, so it rebuilds
+// them bit for bit), and the parameters, gradients and optimizer in their own dtypes.
+// The layer quantizes W1 and W2 once and reuses them while Params holds the same
+// tensors: after changing them in place (each optimizer step) call
+// Layer.InvalidateWeights, or the next steps silently use the old values. Against the
+// bf16 layer on random data the outputs and gradients differ by about 6% (blockwise)
+// and 7% (MXFP8) in relative Frobenius norm, the rounding of four to six E4M3 operands
+// of about 2.6% each. Hidden and FFN must be multiples of 16.
 //
 // Without Config.EP an FP8 layer quantizes x's T rows and moves each token's codes and
 // scales to its K expert rows for W1's GEMM (quant.GatherBlockwise, quant.GatherMXFP8),
@@ -124,12 +130,15 @@
 // dispatch, and kept).
 //
 // Activation bytes kept for Backward per token without offloading: K·(2H + 3F)
-// elements of the parameters' dtype in bf16 (ActPermuted, ActWi, ActSwiGLU, ActWo);
-// K·(H + 3F) in FP8 without Config.EP (no ActPermuted; the FP8 precisions keep the
-// other activations in bf16 and quantize them again in Backward); plus the shared
-// expert's 3·Fs. With bf16 parameters at H=7168, F=2048, K=8 that is 320 KiB a token in
-// bf16 and 208 KiB in FP8. Keeping them in FP8 instead (one byte and a scale per block)
-// would about halve that again.
+// elements of the parameters' dtype in bf16 (ActPermuted, ActWi, ActSwiGLU, ActWo).
+// In FP8 without Config.EP, K·(H + 2F) elements (ActWi and ActWo, which Backward
+// quantizes again; no ActPermuted) and K·33F/32 bytes: ActSwiGLU in FP8, one byte an
+// element and F/32 bytes of scales a row (an f32 per 128 rows blockwise, an E8M0 per 32
+// MXFP8), plus per step and expert at most one 128-row block of padding; with
+// Config.EP also ActPermuted's K·H elements. Plus the shared expert's 3·Fs elements.
+// With bf16 parameters at H=7168, F=2048, K=8 that is 320 KiB a token in bf16 and
+// 192.5 KiB in FP8 (208 KiB with SwiGLU's output kept in bf16); offloading moves those
+// bytes. Keeping ActWi and ActWo in FP8 too would about halve the FP8 figure again.
 //
 // # Cost
 //

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/quant"
 )
 
 // Forward computes y[T,H] = Σ_k weight[t,k]·expert_{e_tk}(x[t]) (+ shared(x[t])) for
@@ -101,14 +102,22 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		l.mark(s, "dispatch")
 	}
 	R := act.rows
+	// An FP8 layer's SwiGLU writes a quantized (experts.swigluFP8): no a in bf16.
+	act.aFP8 = c.Precision.fp8() && !l.unfusedSwiGLU
 	ts := device.NewTemps(s)
-	h, a, yp := ts.Alloc(dt, R, 2*F), ts.Alloc(dt, R, F), ts.Alloc(dt, R, H)
+	h, yp := ts.Alloc(dt, R, 2*F), ts.Alloc(dt, R, H)
+	var a *device.Tensor
+	if !act.aFP8 {
+		a = ts.Alloc(dt, R, F)
+	}
 	if err := ts.Err(); err != nil {
 		ts.Free()
 		return fail(err)
 	}
 	act.h.t, act.a.t, act.yp.t = h, a, yp
-	ex, err := l.experts(s, act, nil)
+	tmp := device.NewTemps(s) // the weight gradients' groups for the fused SwiGLU
+	defer tmp.Free()
+	ex, err := l.experts(s, act, tmp)
 	if err != nil {
 		return fail(err)
 	}
@@ -126,19 +135,25 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 	if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil { // lazy, without xp
 		return fail(err)
 	}
-	if err := swiglu(s, a, h, act.used); err != nil {
-		return fail(err)
-	}
-	l.mark(s, "swiglu")
-	if err := act.keep(s, &act.h, ActWi, h); err != nil {
-		return fail(err)
-	}
-	if err := ex.dot(yp, a, true); err != nil {
-		return fail(err)
-	}
-	l.mark(s, "gemm")
-	if err := act.keep(s, &act.a, ActSwiGLU, a); err != nil {
-		return fail(err)
+	if act.aFP8 {
+		if err := l.swigluW2(s, act, ex, h, yp); err != nil {
+			return fail(err)
+		}
+	} else {
+		if err := swiglu(s, a, h, act.used); err != nil {
+			return fail(err)
+		}
+		l.mark(s, "swiglu")
+		if err := act.keep(s, &act.h, ActWi, h); err != nil {
+			return fail(err)
+		}
+		if err := ex.dot(yp, a, true); err != nil {
+			return fail(err)
+		}
+		l.mark(s, "gemm")
+		if err := act.keep(s, &act.a, ActSwiGLU, a); err != nil {
+			return fail(err)
+		}
 	}
 	var ys *device.Tensor
 	if c.SharedFFN > 0 {
@@ -166,4 +181,37 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		return fail(err)
 	}
 	return act, nil
+}
+
+// swigluW2 is Forward's SwiGLU and W2's GEMM for an FP8 layer that keeps a quantized:
+// one pass computes a = SwiGLU(h) and quantizes it in both forms (experts.swigluFP8),
+// W2's GEMM reads the rowwise form into yp, freed after it, and the columnwise form, its
+// codes and scales, is kept for Backward as ActSwiGLU (in act.a and act.aScale). h is
+// kept (ActWi) once the pass has read it.
+func (l *Layer) swigluW2(s *device.Stream, act *Activations, ex *experts, h, yp *device.Tensor) error {
+	q, err := ex.swigluFP8(h, quant.Both)
+	if err != nil {
+		return err
+	}
+	l.mark(s, "swiglu")
+	err = act.keep(s, &act.h, ActWi, h)
+	if err == nil {
+		err = ex.dotRows(yp, q, true)
+	}
+	if err == nil {
+		l.mark(s, "gemm")
+		// The rowwise form is freed after the GEMM in stream order.
+		err = q.dropRows()
+	}
+	if err != nil {
+		return errors.Join(err, q.free())
+	}
+	// The slots own the codes and scales; act.aq the layout, for Backward.
+	codes, scales := q.detachCols()
+	act.aq, act.a.t, act.aScale.t = q, codes, scales
+	err = act.keep(s, &act.a, ActSwiGLU, codes)
+	if err == nil {
+		err = act.keep(s, &act.aScale, ActSwiGLU, scales)
+	}
+	return err
 }

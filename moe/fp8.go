@@ -13,14 +13,18 @@ import (
 // and gathers each token's quantized row to its expert rows (gatherX) for W1's GEMM,
 // instead of permuting x in bf16 and quantizing the T·K expert rows: K times less
 // quantization and half the bytes moved; it keeps no permuted x for Backward, which
-// permutes x again where the weight gradient of W1 needs it. Every other activation
-// operand (with Config.EP also the dispatched x) is quantized by its own pass right
-// before its GEMM, from the tensor the layer has, and freed after it. Each incoming
-// gradient of Backward, dyp and dh, is quantized once for its two GEMMs: rowwise and
-// columnwise (in the experts' groups, transposed) from one pass, before its input
-// gradient, and freed after its weight gradient (see experts.newGrad). Future work:
-// quantizing inside the kernels that write the operands (SwiGLU and its gradient, the
-// dispatch, as ep.DispatchMXFP8 does), and keeping FP8 activations for Backward.
+// permutes x again where the weight gradient of W1 needs it. SwiGLU writes its output a
+// already quantized (swigluFP8): rowwise for W2's GEMM, freed after it, and columnwise
+// in the experts' groups, transposed, which the layer keeps for W2's weight gradient
+// instead of a in bf16 (ActSwiGLU: its codes and its scales, two tensors, offloaded or
+// recomputed from h by the same kernel). Every other activation operand (with
+// Config.EP also the dispatched x) is quantized by its own pass right before its GEMM,
+// from the tensor the layer has, and freed after it. Each incoming gradient of
+// Backward, dyp and dh, is quantized once for its two GEMMs: rowwise and columnwise (in
+// the experts' groups, transposed) from one pass, before its input gradient, and freed
+// after its weight gradient (see experts.newGrad). Future work: quantizing inside the
+// other kernels that write the operands (SwiGLU's gradient, the dispatch, as
+// ep.DispatchMXFP8 does), and keeping the other activations in FP8.
 
 // The quantizations of the operands: rowwise for the forwards and input gradients;
 // columnwise, transposed, in the experts' groups for the weight gradients, with dir
@@ -143,14 +147,15 @@ type experts struct {
 	p       *Params
 	q       *fp8Weights    // W1 and W2 quantized (FP8 precisions)
 	act     *Activations   // the rows: act.counts, act.rows, act.Perm or act.Layout
-	tmp     *device.Temps  // where colGroups allocates (Backward)
+	tmp     *device.Temps  // where colGroups allocates
 	sizes   *device.Tensor // colGroups' sizes, once made
 	colRow  int            // colGroups' rows
 	twoPass bool           // Layer.gradTwoPass
 }
 
 // experts returns the GEMMs of act's rows on s, with the weights of act.p (quantized
-// now unless cached); tmp (nil in Forward) holds what the weight gradients allocate.
+// now unless cached); tmp holds what colGroups allocates (the groups of the weight
+// gradients' and the fused SwiGLU's columnwise forms).
 func (l *Layer) experts(s *device.Stream, act *Activations, tmp *device.Temps) (*experts, error) {
 	q, err := l.weights(s, act.p)
 	if err != nil {
@@ -167,6 +172,48 @@ type fp8Rows struct {
 }
 
 func (q fp8Rows) free() error { return errors.Join(q.b.Free(), q.m.Free()) }
+
+// rows returns the rows q quantizes.
+func (q fp8Rows) rows() int {
+	if q.b != nil {
+		return q.b.M
+	}
+	return q.m.M
+}
+
+// freeOn releases q's tensors in stream order on s.
+func (q fp8Rows) freeOn(s *device.Stream) error { return errors.Join(q.b.FreeOn(s), q.m.FreeOn(s)) }
+
+// dropRows frees q's rowwise form, keeping the columnwise one.
+func (q fp8Rows) dropRows() error {
+	if q.b != nil {
+		return q.b.DropRows()
+	}
+	return q.m.DropRows()
+}
+
+// detachCols returns q's columnwise tensors, the codes (ColT) and their scales, which
+// the caller now owns (the slots of a kept activation), and leaves q without them: q
+// keeps its layout, tables and Status, and takes them back with setCols for the GEMM.
+func (q fp8Rows) detachCols() (codes, scales *device.Tensor) {
+	if q.b != nil {
+		codes, scales = q.b.ColT, q.b.ColTScale
+	} else {
+		codes, scales = q.m.ColT, q.m.ColScale
+	}
+	q.setCols(nil, nil)
+	return codes, scales
+}
+
+// setCols sets q's columnwise tensors.
+func (q fp8Rows) setCols(codes, scales *device.Tensor) {
+	switch {
+	case q.b != nil:
+		q.b.ColT, q.b.ColTScale = codes, scales
+	case q.m != nil:
+		q.m.ColT, q.m.ColScale = codes, scales
+	}
+}
 
 // quantizeFP8 quantizes x on s in precision p's recipe, with bo (blockwise) or mo (MXFP8).
 func quantizeFP8(s *device.Stream, p Precision, x *device.Tensor, bo quant.BlockOptions, mo quant.Options) (fp8Rows, error) {
@@ -198,9 +245,66 @@ func (l *Layer) gatherX(s *device.Stream, x *device.Tensor, p *Permutation) (fp8
 	return q, errors.Join(err, qx.free())
 }
 
+// swigluFP8 computes a[rows,F] = SwiGLU(h) over the rows of colGroups (rows past
+// act.used zeros, as swiglu writes them) and quantizes it by the same pass, in the
+// layer's recipe, into a new fp8Rows of dir: Both for Forward (the rowwise form for W2's
+// GEMM, the columnwise one in colGroups' groups, transposed, for W2's weight gradient),
+// Columnwise to rebuild the kept form. Bit for bit SwiGLU's output quantized: the same
+// codes and scales as quantizing a by a pass per form (the rowwise ones as over all
+// rows without groups, see newGrad), so that the layer's results are those of that path.
+func (e *experts) swigluFP8(h *device.Tensor, dir quant.Direction) (fp8Rows, error) {
+	sizes, rows, err := e.colGroups()
+	if err != nil {
+		return fp8Rows{}, err
+	}
+	if h, err = h.Rows(0, rows); err != nil {
+		return fp8Rows{}, err
+	}
+	F, used := e.cfg.FFN, e.act.used
+	var q fp8Rows
+	if e.cfg.Precision == PrecisionBlockwise {
+		opt := blockCols(sizes, dir)
+		if q.b, err = quant.AllocBlockwise(e.s, rows, F, opt); err == nil {
+			err = swigluBlockwise("Layer SwiGLU", e.s, q.b, h, used, opt)
+		}
+	} else {
+		opt := mxCols(sizes, dir)
+		if q.m, err = quant.Alloc(e.s, rows, F, opt); err == nil {
+			err = swigluMXFP8("Layer SwiGLU", e.s, q.m, h, used, opt)
+		}
+	}
+	if err != nil {
+		return fp8Rows{}, errors.Join(err, q.free())
+	}
+	return q, nil
+}
+
+// keptRows returns the first rows rows of y, a GEMM's output over fewer rows than its
+// tensor's, and sets the rows past them to zeros, as the GEMM over all rows writes them.
+func keptRows(s *device.Stream, y *device.Tensor, rows int) (*device.Tensor, error) {
+	n := y.Dim(0)
+	if rows >= n {
+		return y, nil
+	}
+	rest, err := y.Rows(rows, n)
+	if err == nil {
+		err = device.Fill(s, rest, 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return y.Rows(0, rows)
+}
+
 // dotRows computes, for the rows of each expert, h[R,2F] = xp·W1, or with second
-// yp[R,H] = a·W2, into y from the rows quantized rowwise in q.
+// yp[R,H] = a·W2, into y from the rows quantized rowwise in q; when q quantizes fewer
+// rows than y's (swigluFP8's over the kept rows of Config.EP), the rows past them are
+// zeros.
 func (e *experts) dotRows(y *device.Tensor, q fp8Rows, second bool) error {
+	y, err := keptRows(e.s, y, q.rows())
+	if err != nil {
+		return err
+	}
 	if q.b != nil {
 		return gemm.RaggedDotBlockwise(e.s, y, q.b, pick(second, e.q.b1, e.q.b2), e.act.counts, nil)
 	}
@@ -220,13 +324,20 @@ func (e *experts) dot(y, x *device.Tensor, second bool) error {
 	return errors.Join(e.dotRows(y, q, second), q.free())
 }
 
+// operand is the x of a weight gradient: a tensor in the activations' dtype, or, for
+// the SwiGLU output an FP8 layer keeps quantized, its columnwise form.
+type operand struct {
+	t *device.Tensor
+	q fp8Rows
+}
+
 // backward computes the gradients through one of the experts' GEMMs from its incoming
 // gradient dy: with second, da[R,F] = dyp·W2ᵀ into dx and dW2 = aᵀ·dyp into dw
 // (dy = dyp, x = a), else dxp[R,H] = dh·W1ᵀ and dW1 = xpᵀ·dh (dy = dh, x = xp). dw nil
 // skips the weight gradient; otherwise x comes from getX, called once the input
 // gradient is enqueued, and the weight gradient is added to dw with acc. An FP8
 // precision quantizes dy once for both GEMMs (see newGrad) and frees it after them.
-func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (*device.Tensor, error), acc, second bool) error {
+func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (operand, error), acc, second bool) error {
 	dir := quant.Rowwise
 	if dw != nil && !e.twoPass {
 		dir = quant.Both
@@ -237,7 +348,7 @@ func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (*device.Tenso
 	}
 	err = e.inputGrad(dx, q, second)
 	if err == nil && dw != nil {
-		var x *device.Tensor
+		var x operand
 		if x, err = getX(); err == nil {
 			err = e.weightGrad(dw, x, q, acc)
 		}
@@ -300,17 +411,9 @@ func (e *experts) inputGrad(dx *device.Tensor, dy *grad, second bool) error {
 	if !e.cfg.Precision.fp8() {
 		return gemm.RaggedDotInputGrad(s, dx, dy.t, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
 	}
-	if n := dx.Dim(0); dy.rows < n {
-		rest, err := dx.Rows(dy.rows, n)
-		if err == nil {
-			err = device.Fill(s, rest, 0)
-		}
-		if err == nil {
-			dx, err = dx.Rows(0, dy.rows)
-		}
-		if err != nil {
-			return err
-		}
+	dx, err := keptRows(s, dx, dy.rows)
+	if err != nil {
+		return err
 	}
 	if dy.b != nil {
 		return gemm.RaggedDotBlockwiseInputGrad(s, dx, dy.b, pick(second, e.q.b1, e.q.b2), counts, nil)
@@ -319,15 +422,15 @@ func (e *experts) inputGrad(dx *device.Tensor, dy *grad, second bool) error {
 }
 
 // weightGrad computes dw[e] = x_eᵀ·dy_e for each expert e, dW1 from xp and dh or dW2
-// from a and dyp, in the layer's layout, added to dw with acc. An FP8 precision
-// quantizes x columnwise first, transposed, in blocks of tokens that restart at each
-// expert (the groups of colGroups), and reads dy's columnwise form, made by its own
-// pass when dy has none.
-func (e *experts) weightGrad(dw, x *device.Tensor, dy *grad, acc bool) error {
+// from a and dyp, in the layer's layout, added to dw with acc. An FP8 precision reads
+// x's columnwise form, kept (x.q) or quantized now, transposed, in blocks of tokens that
+// restart at each expert (the groups of colGroups), and dy's columnwise form, made by
+// its own pass when dy has none.
+func (e *experts) weightGrad(dw *device.Tensor, x operand, dy *grad, acc bool) error {
 	s := e.s
 	o := &gemm.Options{Layout: e.cfg.Layout, Accumulate: acc}
 	if !e.cfg.Precision.fp8() {
-		return gemm.RaggedDotWeightGrad(s, dw, x, dy.t, e.act.counts, o)
+		return gemm.RaggedDotWeightGrad(s, dw, x.t, dy.t, e.act.counts, o)
 	}
 	if dy.dir == quant.Rowwise {
 		c, err := e.newGrad(dy.t, quant.Columnwise)
@@ -337,23 +440,30 @@ func (e *experts) weightGrad(dw, x *device.Tensor, dy *grad, acc bool) error {
 		defer c.free()
 		dy = c
 	}
-	sizes, rows, err := e.colGroups()
-	if err != nil {
-		return err
+	qx, own := x.q, x.q.b == nil && x.q.m == nil
+	if own {
+		sizes, rows, err := e.colGroups()
+		if err != nil {
+			return err
+		}
+		xr, err := x.t.Rows(0, rows)
+		if err != nil {
+			return err
+		}
+		if qx, err = quantizeFP8(s, e.cfg.Precision, xr, blockCols(sizes, quant.Columnwise), mxCols(sizes, quant.Columnwise)); err != nil {
+			return err
+		}
 	}
-	if x, err = x.Rows(0, rows); err != nil {
-		return err
-	}
-	qx, err := quantizeFP8(s, e.cfg.Precision, x, blockCols(sizes, quant.Columnwise), mxCols(sizes, quant.Columnwise))
-	if err != nil {
-		return err
-	}
+	var err error
 	if qx.b != nil {
 		err = gemm.RaggedDotBlockwiseWeightGrad(s, dw, qx.b, dy.b, e.act.counts, o)
 	} else {
 		err = gemm.RaggedDotMXFP8WeightGrad(s, dw, qx.m, dy.m, e.act.counts, o)
 	}
-	return errors.Join(err, qx.free())
+	if own {
+		err = errors.Join(err, qx.free())
+	}
+	return err
 }
 
 // colGroups returns the groups of the weight gradients' columnwise quantizations, which
@@ -372,11 +482,11 @@ func (e *experts) colGroups() (*device.Tensor, int, error) {
 	}
 	act := e.act
 	if act.Layout != nil {
-		e.sizes, e.colRow = act.counts, act.Layout.Rows()
+		e.sizes, e.colRow = act.counts, e.colRows()
 		return e.sizes, e.colRow, nil
 	}
 	if e.tmp == nil {
-		return nil, 0, errors.New("moe: internal error: weight gradient without temporaries")
+		return nil, 0, errors.New("moe: internal error: columnwise groups without temporaries")
 	}
 	sizes := e.tmp.Alloc(device.I32, act.Perm.Experts)
 	if err := e.tmp.Err(); err != nil {
@@ -385,8 +495,16 @@ func (e *experts) colGroups() (*device.Tensor, int, error) {
 	if err := padSizes(e.s, sizes, act.Perm); err != nil {
 		return nil, 0, err
 	}
-	e.sizes, e.colRow = sizes, act.Perm.Rows
+	e.sizes, e.colRow = sizes, e.colRows()
 	return sizes, e.colRow, nil
+}
+
+// colRows returns the rows of colGroups: with Config.EP the kept rows, else all.
+func (e *experts) colRows() int {
+	if e.act.Layout != nil {
+		return e.act.Layout.Rows()
+	}
+	return e.act.Perm.Rows
 }
 
 // padSizes writes into out, I32[E], the sizes of groups that cover all p.Rows rows of

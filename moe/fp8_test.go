@@ -558,7 +558,7 @@ func TestFP8PaddedGroups(t *testing.T) {
 					// dy as Backward quantizes it for both its GEMMs.
 					qdy := dt.Must(ex.newGrad(dy, quant.Both))
 					defer qdy.free()
-					dt.NoErr(t, ex.weightGrad(got, x, qdy, false))
+					dt.NoErr(t, ex.weightGrad(got, operand{t: x}, qdy, false))
 					// The kept rows alone, in the experts' groups.
 					want := alloc(t, s, device.F32, shape...)
 					defer want.Free()

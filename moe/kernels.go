@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/quant"
 )
 
 //go:embed kernels/moe.cuh
@@ -22,6 +23,9 @@ var permuteSrc string
 //go:embed kernels/swiglu.cu
 var swigluSrc string
 
+//go:embed kernels/swiglu_fp8.cu
+var swigluFP8Src string
+
 // moeHeader is the package's kernel header, which every source includes.
 var moeHeader = device.Header{Name: "moe.cuh", Source: moeHeaderSrc}
 
@@ -30,11 +34,18 @@ var (
 	sortProg    = device.NewProgram("sort.cu", sortSrc).WithHeaders(moeHeader)
 	permuteProg = device.NewProgram("permute.cu", permuteSrc).WithHeaders(moeHeader)
 	swigluProg  = device.NewProgram("swiglu.cu", swigluSrc).WithHeaders(moeHeader)
+
+	// The fused SwiGLU and quantization, one program per recipe (so that a layer
+	// compiles the kernels of its own).
+	swigluMXProg = device.NewProgram("swiglu_fp8.cu", swigluFP8Src, "-DDL_SWIGLU_MX=1").
+			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
+	swigluBwProg = device.NewProgram("swiglu_fp8.cu", swigluFP8Src, "-DDL_SWIGLU_MX=0").
+			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
 )
 
 // programs returns the package's CUDA programs.
 func programs() []*device.Program {
-	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg}
+	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg, swigluMXProg, swigluBwProg}
 }
 
 // launch enqueues kernel name of p on s.

@@ -21,6 +21,10 @@ type Layer struct {
 	// gradient by two passes, rowwise for the input gradient and columnwise for the
 	// weight gradient, the reference of the one pass it otherwise makes.
 	gradTwoPass bool
+	// unfusedSwiGLU, when set (by tests), makes an FP8 layer compute SwiGLU's output in
+	// the activations' dtype, keep it so, and quantize it by a pass before each GEMM that
+	// reads it: the reference of the fused SwiGLU and quantization it otherwise runs.
+	unfusedSwiGLU bool
 
 	mu sync.Mutex  // guards q
 	q  *fp8Weights // FP8 precisions: W1 and W2 quantized, or nil

@@ -109,6 +109,7 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	T, H, F, E, Fs, L := l.T, c.Hidden, c.FFN, c.Router.Experts, c.SharedFFN, c.localExperts()
 	lay := dt.Must(NewLayer(c))
 	lay.gradTwoPass = l.gradTwoPass
+	lay.unfusedSwiGLU = l.unfusedSwiGLU
 	defer lay.InvalidateWeights() // an FP8 layer's cached weights
 	var ts []*device.Tensor
 	defer func() { device.FreeAll(ts...) }()

@@ -8,26 +8,29 @@ import "fmt"
 // With an FP8 precision every operand of those GEMMs is quantized and the GEMM
 // multiplies the FP8 codes with their scales, summing in f32: the permuted rows xp
 // (without Config.EP quantized as x's T rows, then gathered to the expert rows) and the
-// SwiGLU output a rowwise (blocks along the hidden or intermediate width) for the
-// forwards, the incoming gradients dyp and dh rowwise for the input
-// gradients, and xp, a, dyp and dh columnwise in blocks of tokens that restart at each
-// expert, transposed, for the weight gradients (dyp and dh in both forms from one pass
-// over each). W1 and W2 are quantized in both orientations once and cached by the Layer
-// (see Layer.InvalidateWeights). Elements are E4M3 throughout, gradients included, as
+// SwiGLU output a (quantized by the pass that computes it, both forms at once) rowwise
+// (blocks along the hidden or intermediate width) for the forwards, the incoming
+// gradients dyp and dh rowwise for the input gradients, and xp, a, dyp and dh
+// columnwise in blocks of tokens that restart at each expert, transposed, for the
+// weight gradients (dyp and dh in both forms from one pass over each). W1 and W2 are
+// quantized in both orientations once and cached by the Layer (see
+// Layer.InvalidateWeights). Elements are E4M3 throughout, gradients included, as
 // fine-grained scales allow (DeepSeek-V3).
 //
 // Nothing else changes: the parameters, the master weights the optimizer updates, the
-// gradients (Grads, written in their own dtypes) and the activations the layer keeps
-// (ActWi, ActSwiGLU, ActWo, and with Config.EP ActPermuted: without it Backward
-// permutes x again) stay in the parameters' dtype; the FP8 GEMMs
-// write their results, h, yp, da and dxp, in the activations' dtype (bf16, or f32 for an
-// f32 layer) as the bf16 GEMMs do, and the weight gradients in the dtypes of Grads.W1
-// and Grads.W2. The router, the dispatch, SwiGLU, the combine and the shared expert
-// (SharedFFN) run as with PrecisionBF16. FP8 precisions need Hidden and FFN multiples of
-// 16 (the weights' FP8 rows are whole 16-byte units, as the FP8 GEMMs read them); the
-// number of tokens is free, and widths that are not multiples of the scale blocks end in
-// short blocks. On a GPU they need compute capability 8.0 or newer, as gemm's FP8 forms
-// do (Hopper runs them on FP8 tensor cores, others dequantize to bf16 first).
+// gradients (Grads, written in their own dtypes) and the other activations the layer
+// keeps (ActWi, ActWo, and with Config.EP ActPermuted: without it Backward permutes x
+// again) stay in the parameters' dtype, while ActSwiGLU is a's columnwise FP8 form, the
+// operand of W2's weight gradient, instead of a; the FP8 GEMMs write their results, h,
+// yp, da and dxp, in the activations' dtype (bf16, or f32 for an f32 layer) as the bf16
+// GEMMs do, and the weight gradients in the dtypes of Grads.W1 and Grads.W2. The
+// router, the dispatch, the combine and the shared expert (SharedFFN) run as with
+// PrecisionBF16, and SwiGLU computes the values it does there. FP8 precisions need
+// Hidden and FFN multiples of 16 (the weights' FP8 rows are whole 16-byte units, as the
+// FP8 GEMMs read them); the number of tokens is free, and widths that are not multiples
+// of the scale blocks end in short blocks. On a GPU they need compute capability 8.0 or
+// newer, as gemm's FP8 forms do (Hopper runs them on FP8 tensor cores, others
+// dequantize to bf16 first).
 type Precision int
 
 const (

@@ -199,6 +199,8 @@ type refLayer struct {
 	sw1, sw2 []float64 // [H,2Fs], [Fs,H]
 	// gradTwoPass sets the Layer's gradTwoPass in runLayer.
 	gradTwoPass bool
+	// unfusedSwiGLU sets the Layer's unfusedSwiGLU in runLayer.
+	unfusedSwiGLU bool
 	// backTwice makes runLayer run Backward a second time on the same activations, with
 	// Grads.W2Ready and W1Ready, and fail unless every gradient is the first's, bit for bit.
 	backTwice bool

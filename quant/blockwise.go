@@ -186,6 +186,36 @@ func (q *Blockwise) Free() error {
 	return errors.Join(device.FreeAll(q.Row, q.RowScale, q.ColT, q.ColTScale, q.alloc.tiles, q.alloc.gtab), q.Status.Free())
 }
 
+// FreeOn is Free in stream order on s instead of on the streams that allocated q's
+// tensors (see device.Tensor.FreeOn), for a q last used on s; the Status is freed as by
+// Free. Freeing a nil q does nothing.
+func (q *Blockwise) FreeOn(s *device.Stream) error {
+	if q == nil {
+		return nil
+	}
+	if s == nil {
+		return errors.New("quant: Blockwise.FreeOn: nil stream")
+	}
+	return errors.Join(freeAllOn(s, q.Row, q.RowScale, q.ColT, q.ColTScale, q.alloc.tiles, q.alloc.gtab), q.Status.Free())
+}
+
+// DropRows frees q's rowwise form, Row and RowScale (see device.Tensor.Free), and sets
+// q.Dir to Columnwise: for a q quantized in both directions whose rowwise form has been
+// read and whose columnwise form is kept. q is then as AllocBlockwise makes it for
+// Columnwise, its columnwise data and token blocks unchanged. It does nothing when q
+// holds no rowwise form; a nil q, or one without a columnwise form, is an error.
+func (q *Blockwise) DropRows() error {
+	switch {
+	case q == nil:
+		return errors.New("quant: Blockwise.DropRows: q is nil")
+	case !q.Dir.cols():
+		return fmt.Errorf("quant: Blockwise.DropRows: q.Dir is %v: q holds no columnwise form to keep (free q instead)", q.Dir)
+	}
+	err := device.FreeAll(q.Row, q.RowScale)
+	q.Row, q.RowScale, q.Dir = nil, nil, Columnwise
+	return err
+}
+
 // check returns an error of fn unless q is as AllocBlockwise made it (but for Scale,
 // which quantizations may change) and its tensors of direction use are live on s's
 // device.
@@ -244,7 +274,7 @@ func QuantizeBlockwise(s *device.Stream, x *device.Tensor, opt BlockOptions) (*B
 	if err != nil {
 		return nil, err
 	}
-	if err := quantizeBlockwiseInto(fn, opQuantizeBlockwise, s, q, x, opt); err != nil {
+	if err := quantizeBlockwiseInto(fn, opQuantizeBlockwise, s, q, input{x: x}, opt); err != nil {
 		q.Free()
 		return nil, err
 	}
@@ -257,11 +287,12 @@ func QuantizeBlockwise(s *device.Stream, x *device.Tensor, opt BlockOptions) (*B
 // which it replaces). It allocates nothing: for training loops and benchmarks. q's
 // tensors must not overlap x or opt.GroupSizes.
 func QuantizeBlockwiseInto(s *device.Stream, q *Blockwise, x *device.Tensor, opt BlockOptions) error {
-	return quantizeBlockwiseInto("QuantizeBlockwiseInto", opQuantizeBlockwiseInto, s, q, x, opt)
+	return quantizeBlockwiseInto("QuantizeBlockwiseInto", opQuantizeBlockwiseInto, s, q, input{x: x}, opt)
 }
 
-// quantizeBlockwiseInto is QuantizeBlockwiseInto for fn, whose status records have op.
-func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x *device.Tensor, opt BlockOptions) error {
+// quantizeBlockwiseInto is QuantizeBlockwiseInto for fn, whose status records have op,
+// from the tensor or the source in.
+func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, in input, opt BlockOptions) error {
 	if err := checkBlockOptions(fn, s, opt); err != nil {
 		return err
 	}
@@ -271,7 +302,7 @@ func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x 
 	if err := q.check(fn, s, q.Dir); err != nil {
 		return err
 	}
-	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
+	if err := in.check(fn, s, q.M, q.K); err != nil {
 		return err
 	}
 	if err := checkHolds(fn, opt.Format, q.Format, opt.Dir, q.Dir); err != nil {
@@ -283,9 +314,9 @@ func quantizeBlockwiseInto(fn string, op int, s *device.Stream, q *Blockwise, x 
 	}
 	q.Scale = opt.Scale
 	if s.Device().IsCUDA() {
-		return quantizeBlockwiseGPU(s, q, x, opt.GroupSizes, st, op)
+		return quantizeBlockwiseGPU(s, q, in, opt.GroupSizes, st, op)
 	}
-	return quantizeBlockwiseCPU(s, q, x, opt.GroupSizes, st, op)
+	return quantizeBlockwiseCPU(s, q, in, opt.GroupSizes, st, op)
 }
 
 // DequantizeBlockwise writes q's values from Row (dir Rowwise) or from ColT (dir

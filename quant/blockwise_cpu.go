@@ -43,10 +43,10 @@ func bwStoredTiles(q *Blockwise) []bwTile {
 	return ts
 }
 
-func quantizeBlockwiseCPU(s *device.Stream, q *Blockwise, x, sizes *device.Tensor, st *device.Status, op int) error {
+func quantizeBlockwiseCPU(s *device.Stream, q *Blockwise, x input, sizes *device.Tensor, st *device.Status, op int) error {
 	return s.EnqueueCPU(func() {
 		ts := bwCPUTiles(q, sizes, st, op)
-		in := source(x)
+		in := x.reader()
 		g, f, kind := q.alloc.g, q.Format, q.Scale
 		if q.Row != nil {
 			rq, rs := bytesOf(q.Row), device.Slice[float32](q.RowScale)

@@ -10,12 +10,13 @@ import (
 //go:embed kernels/blockwise.cu
 var blockwiseSrc string
 
-// blockwiseKernels is the program of the blockwise kernels (kernels/blockwise.cu), which
-// use the hardware FP8 conversion on sm_89 and later; softBlockwiseKernels uses the
-// software conversion of dtype.cuh. Tests run both against the CPU.
+// blockwiseKernels is the program of the blockwise kernels (kernels/blockwise.cu, with
+// the quantizations of kernels/blockwise.cuh), which use the hardware FP8 conversion on
+// sm_89 and later; softBlockwiseKernels uses the software conversion of dtype.cuh. Tests
+// run both against the CPU.
 var (
-	blockwiseKernels     = device.NewProgram("blockwise.cu", blockwiseSrc)
-	softBlockwiseKernels = device.NewProgram("blockwise.cu", blockwiseSrc, "-DDL_BW_HW_CVT=0")
+	blockwiseKernels     = device.NewProgram("blockwise.cu", blockwiseSrc).WithHeaders(sourceHeader, blockwiseHeader)
+	softBlockwiseKernels = device.NewProgram("blockwise.cu", blockwiseSrc, "-DDL_BW_HW_CVT=0").WithHeaders(sourceHeader, blockwiseHeader)
 )
 
 // Kernel selection, changed by tests only.
@@ -26,12 +27,12 @@ var (
 
 const bwThreads = 256
 
-// bwQuantArgs mirrors DlBwArgs of kernels/blockwise.cu.
+// bwQuantArgs mirrors DlBwArgs of kernels/blockwise.cuh.
 type bwQuantArgs struct {
-	X, Row, RowScale, ColT, ColTScale, Tiles *device.Tensor
-	M, K, Mr, Mp, Ntiles, Ncolt              int32
-	Max                                      float32
-	Pow2                                     bool
+	Row, RowScale, ColT, ColTScale, Tiles *device.Tensor
+	M, K, Mr, Mp, Ntiles, Ncolt           int32
+	Max                                   float32
+	Pow2                                  bool
 }
 
 // bwWeightArgs mirrors DlBwWArgs.
@@ -69,9 +70,9 @@ func bwSuffix(vec bool) string {
 	return "_scalar"
 }
 
-// quantizeBlockwiseGPU enqueues the quantization of x into q on s; with group sizes,
+// quantizeBlockwiseGPU enqueues the quantization of in into q on s; with group sizes,
 // the token blocks are made on the device first and invalid sizes recorded in st.
-func quantizeBlockwiseGPU(s *device.Stream, q *Blockwise, x, sizes *device.Tensor, st *device.Status, op int) error {
+func quantizeBlockwiseGPU(s *device.Stream, q *Blockwise, in input, sizes *device.Tensor, st *device.Status, op int) error {
 	d := s.Device()
 	g := q.alloc.g
 	var tiles *device.Tensor
@@ -90,17 +91,18 @@ func quantizeBlockwiseGPU(s *device.Stream, q *Blockwise, x, sizes *device.Tenso
 	if grid == 0 {
 		return nil
 	}
-	vec := bwVecOK(x, g.k)
-	name := fmt.Sprintf("dl_bwq_%s_%s_%s%s", x.DType(), q.Format, map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir], bwSuffix(vec))
-	k, err := d.Kernel(bwProgram, name)
+	vec := !bwForceScalar && g.k%8 == 0 && in.vec16()
+	suffix := fmt.Sprintf("_%s_%s%s", q.Format, map[Direction]string{Rowwise: "row", Columnwise: "col", Both: "both"}[q.Dir], bwSuffix(vec))
+	prog, name, loader := in.kernel(bwProgram, "dl_bwq_"+in.dtype().String(), suffix)
+	k, err := d.Kernel(prog, name)
 	if err != nil {
 		return err
 	}
 	return k.Launch(s, device.D1(grid), device.D1(bwThreads), 0, bwQuantArgs{
-		X: x, Row: q.Row, RowScale: q.RowScale, ColT: q.ColT, ColTScale: q.ColTScale, Tiles: tiles,
+		Row: q.Row, RowScale: q.RowScale, ColT: q.ColT, ColTScale: q.ColTScale, Tiles: tiles,
 		M: int32(g.m), K: int32(g.k), Mr: int32(g.mr), Mp: int32(g.mp()), Ntiles: int32(g.ntiles), Ncolt: int32(g.nb),
 		Max: q.Format.Max(), Pow2: q.Scale == ScalePow2,
-	})
+	}, loader)
 }
 
 // dequantizeBlockwiseGPU enqueues the dequantization of q's direction dir into dst on

@@ -155,8 +155,9 @@ func (g bwGeom) tiles(sizes []int32) ([]bwTile, bwSizesCheck) {
 // statusDomain, codes statusNegative and statusSum; op opQuantize is MXFP8's).
 // kernels/blockwise.cu records them with the op it is given.
 const (
-	opQuantizeBlockwise     = 2
-	opQuantizeBlockwiseInto = 3
+	opQuantizeBlockwise       = 2
+	opQuantizeBlockwiseInto   = 3
+	opQuantizeBlockwiseSource = 6 // after the gathers' 4 and 5
 )
 
 // record records c, the validation of the group sizes of a CPU op, in st.
@@ -176,6 +177,8 @@ func blockwiseStatusError(op, code int, v [3]int64) error {
 		fn = "QuantizeBlockwise"
 	case opQuantizeBlockwiseInto:
 		fn = "QuantizeBlockwiseInto"
+	case opQuantizeBlockwiseSource:
+		fn = "QuantizeBlockwiseSource"
 	default:
 		return nil
 	}

@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/dropless/dropless/device"
@@ -15,6 +16,17 @@ func checkShapeArgs(fn string, m, k int) error {
 		return fmt.Errorf("quant: %s: shape m×k = %d×%d: want m, k ≥ 0", fn, m, k)
 	}
 	return nil
+}
+
+// freeAllOn frees each tensor that is not nil in stream order on s.
+func freeAllOn(s *device.Stream, ts ...*device.Tensor) error {
+	var errs []error
+	for _, t := range ts {
+		if t != nil {
+			errs = append(errs, t.FreeOn(s))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // groupCount returns the number of groups of gs (0 for nil gs), checked to be

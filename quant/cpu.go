@@ -70,10 +70,10 @@ func encodeBlock(out []uint8, v []float32, f Format, mode ScaleMode) uint8 {
 	return code
 }
 
-func quantizeCPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device.Status) error {
+func quantizeCPU(s *device.Stream, q *MXFP8, x input, sizes *device.Tensor, st *device.Status) error {
 	return s.EnqueueCPU(func() {
 		ts := cpuTiles(q, sizes, st)
-		in := source(x)
+		in := x.reader()
 		rq, rs, cq, cs, ct := bytesOf(q.Row), bytesOf(q.RowScale), bytesOf(q.Col), bytesOf(q.ColScale), bytesOf(q.ColT)
 		g, f, mode, swz := q.g, q.Format, q.Mode, q.Swizzled
 		ld := blockSize * g.ntiles // ColT's row length

@@ -10,13 +10,14 @@ import (
 //go:embed kernels/mxfp8.cu
 var mxfp8Src string
 
-// kernels is the program of the package's CUDA kernels (kernels/mxfp8.cu), which use
-// the hardware FP8 conversion on sm_89 and later.
-var kernels = device.NewProgram("mxfp8.cu", mxfp8Src)
+// kernels is the program of the package's MXFP8 kernels (kernels/mxfp8.cu, with the
+// quantizations of kernels/mxfp8.cuh), which use the hardware FP8 conversion on sm_89
+// and later.
+var kernels = device.NewProgram("mxfp8.cu", mxfp8Src).WithHeaders(sourceHeader, mxfp8Header)
 
 // softKernels is kernels with the software element conversion of dtype.cuh; tests run
 // both against the CPU.
-var softKernels = device.NewProgram("mxfp8.cu", mxfp8Src, "-DDL_MX_HW_CVT=0")
+var softKernels = device.NewProgram("mxfp8.cu", mxfp8Src, "-DDL_MX_HW_CVT=0").WithHeaders(sourceHeader, mxfp8Header)
 
 // fastThreads is DL_MX_FAST_THREADS, the block of the 32×256 tile kernels.
 const fastThreads = 128
@@ -27,10 +28,10 @@ var (
 	forceGeneral = false // use the general quantization kernel even where the fast one applies
 )
 
-// fastOK reports whether the fast kernel applies: K a multiple of 32, the source
-// 16-byte aligned, the data outputs 8-byte aligned (ColT 16-byte aligned).
-func fastOK(q *MXFP8, x *device.Tensor) bool {
-	return !forceGeneral && q.K%blockSize == 0 && device.Aligned(16, x, q.ColT) && device.Aligned(8, q.Row, q.Col)
+// fastOK reports whether the fast kernel applies: K a multiple of 32, 16-byte loads of
+// the input, the data outputs 8-byte aligned (ColT 16-byte aligned).
+func fastOK(q *MXFP8, in input) bool {
+	return !forceGeneral && q.K%blockSize == 0 && in.vec16() && device.Aligned(16, q.ColT) && device.Aligned(8, q.Row, q.Col)
 }
 
 // fastSuffix names the fast kernel of q's outputs.
@@ -42,9 +43,9 @@ func fastSuffix(q *MXFP8) string {
 	return name
 }
 
-// quantizeGPU enqueues the quantization of x into q on s; with group sizes, invalid
+// quantizeGPU enqueues the quantization of in into q on s; with group sizes, invalid
 // ones are recorded in st.
-func quantizeGPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device.Status) error {
+func quantizeGPU(s *device.Stream, q *MXFP8, in input, sizes *device.Tensor, st *device.Status) error {
 	d := s.Device()
 	g := q.g
 	var tiles *device.Tensor
@@ -76,19 +77,21 @@ func quantizeGPU(s *device.Stream, q *MXFP8, x, sizes *device.Tensor, st *device
 	if q.Transposed {
 		col = q.ColT
 	}
-	args := []any{x, q.Row, q.RowScale, col, q.ColScale, tiles,
+	suffix := fmt.Sprintf("_gen_%s", q.Format)
+	threads := 256
+	fast := fastOK(q, in)
+	if fast {
+		suffix = fmt.Sprintf("_%s_%s", q.Format, fastSuffix(q))
+		threads = fastThreads
+	}
+	prog, name, loader := in.kernel(program, "dl_mxq_"+in.dtype().String(), suffix)
+	args := []any{loader, q.Row, q.RowScale, col, q.ColScale, tiles,
 		int32(g.m), int32(g.k), int32(g.ntiles), int32(g.ncolt), int32(g.cp), int32(g.kp),
 		q.Format.rcp(), int32(q.Format.emax()), q.Mode == FLOOR, q.Swizzled}
-	var name string
-	threads := 256
-	if fastOK(q, x) {
-		name = fmt.Sprintf("dl_mxq_%s_%s_%s", x.DType(), q.Format, fastSuffix(q))
-		threads = fastThreads
-	} else {
-		name = fmt.Sprintf("dl_mxq_gen_%s_%s", x.DType(), q.Format)
+	if !fast {
 		args = append(args, q.Dir.rows(), q.Dir.cols(), q.Transposed)
 	}
-	k, err := d.Kernel(program, name)
+	k, err := d.Kernel(prog, name)
 	if err != nil {
 		return err
 	}

@@ -173,6 +173,18 @@
 // one-block kernel that turns the sizes into token-block descriptors on the device;
 // nothing waits for the host.
 //
+// # Sources
+//
+// QuantizeSource and QuantizeBlockwiseSource quantize a Source instead of a tensor: an
+// M×K matrix whose values the quantization computes as it reads them, such as an
+// elementwise function of other tensors, given as Go code for the CPU and as a loader
+// type of the caller's CUDA program for GPUs. That program includes the package's
+// Headers and instantiates the quantization kernels for its loader (the package's own
+// tensor kernels are the same templates instantiated for tensors), so the source is
+// read, computed, rounded to its dtype and quantized in one pass, and never written:
+// bit for bit what quantizing the tensor that would hold its values gives. moe's
+// SwiGLUBlockwise and SwiGLUMXFP8 quantize the SwiGLU of an MoE layer's projections so.
+//
 // # Gathers
 //
 // GatherBlockwise and GatherMXFP8 move rowwise-quantized rows, codes and scales, to the

@@ -158,6 +158,36 @@ func (q *MXFP8) Free() error {
 	return errors.Join(device.FreeAll(q.Row, q.RowScale, q.Col, q.ColT, q.ColScale, q.tiles, q.gtab), q.Status.Free())
 }
 
+// FreeOn is Free in stream order on s instead of on the streams that allocated q's
+// tensors (see device.Tensor.FreeOn), for a q last used on s; the Status is freed as by
+// Free. Freeing a nil q does nothing.
+func (q *MXFP8) FreeOn(s *device.Stream) error {
+	if q == nil {
+		return nil
+	}
+	if s == nil {
+		return errors.New("quant: MXFP8.FreeOn: nil stream")
+	}
+	return errors.Join(freeAllOn(s, q.Row, q.RowScale, q.Col, q.ColT, q.ColScale, q.tiles, q.gtab), q.Status.Free())
+}
+
+// DropRows frees q's rowwise form, Row and RowScale (see device.Tensor.Free), and sets
+// q.Dir to Columnwise: for a q quantized in both directions whose rowwise form has been
+// read and whose columnwise form is kept. q is then as Alloc makes it for Columnwise,
+// its columnwise data and tile descriptors unchanged. It does nothing when q holds no
+// rowwise form; a nil q, or one without a columnwise form, is an error.
+func (q *MXFP8) DropRows() error {
+	switch {
+	case q == nil:
+		return errors.New("quant: MXFP8.DropRows: q is nil")
+	case !q.Dir.cols():
+		return fmt.Errorf("quant: MXFP8.DropRows: q.Dir is %v: q holds no columnwise form to keep (free q instead)", q.Dir)
+	}
+	err := device.FreeAll(q.Row, q.RowScale)
+	q.Row, q.RowScale, q.Dir = nil, nil, Columnwise
+	return err
+}
+
 // check returns an error of fn unless q is as Alloc made it (but for Mode and
 // Swizzled, which calls may change) and its tensors of direction use are there and
 // live on s's device.
@@ -199,7 +229,7 @@ func Quantize(s *device.Stream, x *device.Tensor, opt Options) (*MXFP8, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := quantizeInto(fn, s, q, x, opt); err != nil {
+	if err := quantizeInto(fn, s, q, input{x: x}, opt); err != nil {
 		q.Free()
 		return nil, err
 	}
@@ -211,11 +241,11 @@ func Quantize(s *device.Stream, x *device.Tensor, opt Options) (*MXFP8, error) {
 // and may differ from call to call). It allocates nothing: for training loops and
 // benchmarks. q's tensors must not overlap x or opt.GroupSizes.
 func QuantizeInto(s *device.Stream, q *MXFP8, x *device.Tensor, opt Options) error {
-	return quantizeInto("QuantizeInto", s, q, x, opt)
+	return quantizeInto("QuantizeInto", s, q, input{x: x}, opt)
 }
 
-// quantizeInto is QuantizeInto for fn.
-func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt Options) error {
+// quantizeInto is QuantizeInto for fn, from the tensor or the source in.
+func quantizeInto(fn string, s *device.Stream, q *MXFP8, in input, opt Options) error {
 	if s == nil {
 		return fmt.Errorf("quant: %s: nil stream", fn)
 	}
@@ -231,7 +261,7 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	if (q.Row != nil) != q.Dir.rows() || (q.Col != nil) != (q.Dir.cols() && !q.Transposed) || (q.ColT != nil) != (q.Dir.cols() && q.Transposed) {
 		return fmt.Errorf("quant: %s: q's tensors do not match q.Dir %v (transposed %v)", fn, q.Dir, q.Transposed)
 	}
-	if err := checkIntoSource(fn, s, x, q.M, q.K); err != nil {
+	if err := in.check(fn, s, q.M, q.K); err != nil {
 		return err
 	}
 	if err := checkHolds(fn, opt.Format, q.Format, opt.Dir, q.Dir); err != nil {
@@ -249,9 +279,9 @@ func quantizeInto(fn string, s *device.Stream, q *MXFP8, x *device.Tensor, opt O
 	}
 	q.Mode = opt.Mode
 	if s.Device().IsCUDA() {
-		return quantizeGPU(s, q, x, opt.GroupSizes, st)
+		return quantizeGPU(s, q, in, opt.GroupSizes, st)
 	}
-	return quantizeCPU(s, q, x, opt.GroupSizes, st)
+	return quantizeCPU(s, q, in, opt.GroupSizes, st)
 }
 
 // checkSource returns an error of fn unless x is a live BF16 or F32 matrix on s's device.

@@ -22,7 +22,7 @@ func init() { device.RegisterStatus(statusDomain, statusError) }
 // here.
 func statusError(op, code int, v [3]int64) error {
 	switch op {
-	case opQuantizeBlockwise, opQuantizeBlockwiseInto:
+	case opQuantizeBlockwise, opQuantizeBlockwiseInto, opQuantizeBlockwiseSource:
 		return blockwiseStatusError(op, code, v)
 	case opGatherBlockwise, opGatherMXFP8:
 		return gatherStatusError(op, code, v)

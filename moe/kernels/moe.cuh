@@ -58,6 +58,31 @@ template <> struct dl_vec<u16, 8> {
     }
 };
 
+// dl_sigmoid returns 1 / (1 + exp(-g)), the sum and the quotient rounded on their own
+// (no contraction with exp's last product), so that every kernel that includes this
+// header computes the same bits.
+__device__ __forceinline__ float dl_sigmoid(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, expf(-g))); }
+
+// dl_silu returns g * sigmoid(g), and its limit 0 for g = -inf (not -inf * 0 = NaN).
+__device__ __forceinline__ float dl_silu(float g) { return g == DL_NEG_INF ? 0.f : __fmul_rn(g, dl_sigmoid(g)); }
+
+// dl_swiglu returns silu(g) * u, SwiGLU's output of gate g and up u: the value that
+// swiglu.cu stores (rounded to the tensor's dtype) and that swiglu_fp8.cu quantizes.
+__device__ __forceinline__ float dl_swiglu(float g, float u) { return __fmul_rn(dl_silu(g), u); }
+
+// dl_silu_grad sets ds = silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g), and
+// v = silu(g), or their limits: 0 and 0 at g = -inf, 1 and +inf at +inf.
+__device__ __forceinline__ void dl_silu_grad(float g, float &ds, float &v) {
+    if (g == DL_NEG_INF || g == DL_POS_INF) {
+        ds = g > 0.f ? 1.f : 0.f;
+        v = g > 0.f ? g : 0.f;
+        return;
+    }
+    float s = dl_sigmoid(g);
+    ds = s * (1.f + g * (1.f - s));
+    v = g * s;
+}
+
 // dl_total returns the number of used rows: *total, or rows when total is null.
 __device__ __forceinline__ i64 dl_total(const int *total, i64 rows) {
     if (total == 0) return rows;

@@ -1,27 +1,8 @@
-// SwiGLU activation of rows h = [gate | up] (2F columns): a = silu(gate) * up,
-// silu(g) = g * sigmoid(g), in f32, with the limits of silu and silu' at -inf and
-// +inf where the formulas give NaN (as moe/swiglu.go). Rows at or past *used (all
-// rows when used is null) are written as zeros. One block per row, grid-stride over
-// rows.
+// SwiGLU activation of rows h = [gate | up] (2F columns): a = silu(gate) * up
+// (dl_swiglu of moe.cuh), in f32, with the limits of silu and silu' at -inf and +inf
+// where the formulas give NaN (as moe/swiglu.go). Rows at or past *used (all rows when
+// used is null) are written as zeros. One block per row, grid-stride over rows.
 #include "moe.cuh"
-
-__device__ __forceinline__ float dl_sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
-
-// dl_silu returns g * sigmoid(g), and its limit 0 for g = -inf (not -inf * 0 = NaN).
-__device__ __forceinline__ float dl_silu(float g) { return g == DL_NEG_INF ? 0.f : g * dl_sigmoid(g); }
-
-// dl_silu_grad sets ds = silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g), and
-// v = silu(g), or their limits: 0 and 0 at g = -inf, 1 and +inf at +inf.
-__device__ __forceinline__ void dl_silu_grad(float g, float &ds, float &v) {
-    if (g == DL_NEG_INF || g == DL_POS_INF) {
-        ds = g > 0.f ? 1.f : 0.f;
-        v = g > 0.f ? g : 0.f;
-        return;
-    }
-    float s = dl_sigmoid(g);
-    ds = s * (1.f + g * (1.f - s));
-    v = g * s;
-}
 
 template <typename T, int V>
 __device__ __forceinline__ void swiglu(T *__restrict__ a, const T *__restrict__ h, const int *__restrict__ used,
@@ -34,7 +15,7 @@ __device__ __forceinline__ void swiglu(T *__restrict__ a, const T *__restrict__ 
                 dl_vec<T, V>::load(h + r * 2 * F + c, g);
                 dl_vec<T, V>::load(h + r * 2 * F + F + c, u);
 #pragma unroll
-                for (int j = 0; j < V; j++) g[j] = dl_silu(g[j]) * u[j];
+                for (int j = 0; j < V; j++) g[j] = dl_swiglu(g[j], u[j]);
             } else {
 #pragma unroll
                 for (int j = 0; j < V; j++) g[j] = 0.f;
