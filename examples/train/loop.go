@@ -95,7 +95,7 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 	defer func() { err = errors.Join(err, s.Close()) }()
 	mo := modelOptions{DType: dt, Moments: moments, Grads: grads, Precision: prec, Stream: s, Dist: dd}
 	if o.Offload != "" {
-		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, B, R, dt), Policy: pol}); err != nil {
+		if mo.Offload, err = offload.New(d, offload.Config{PoolBytes: offloadPool(cfg, pol, prec, B, R, dt), Policy: pol}); err != nil {
 			return nil, err
 		}
 		defer func() { err = errors.Join(err, mo.Offload.Close()) }()
@@ -313,8 +313,10 @@ func (m *Model) printHeader(w io.Writer, name string, o options, B int) {
 }
 
 // offloadPool returns the pinned pool the activations that pol sends to the host take,
-// for L layers of B rows on each of R ranks in the compute dtype dt.
-func offloadPool(c ModelConfig, pol offload.Policy, B, R int, dt device.DType) int {
+// for L layers of B rows on each of R ranks in the compute dtype dt with the expert
+// GEMMs in precision prec. An FP8 layer keeps ActSwiGLU as FP8 codes and their scales
+// (fp8SwiGLUBytes) and, without expert parallelism, no ActPermuted.
+func offloadPool(c ModelConfig, pol offload.Policy, prec moe.Precision, B, R int, dt device.DType) int {
 	K, E, H, F, Fs := c.TopK, c.Experts, c.Hidden, c.FFN, c.SharedFFN
 	rows := B * K
 	switch cf := c.CapacityFactor; {
@@ -327,19 +329,48 @@ func offloadPool(c ModelConfig, pol offload.Policy, B, R int, dt device.DType) i
 			rows = min(rows, E*n)
 		}
 	}
-	total := 0
-	for _, a := range []struct {
-		name string
-		n    int
+	es := dt.Size()
+	acts := []struct {
+		name  string
+		bytes []int // the tensors kept under the name
 	}{
-		{moe.ActPermuted, rows * H}, {moe.ActWi, rows * 2 * F}, {moe.ActSwiGLU, rows * F}, {moe.ActWo, rows * H},
-		{moe.ActSharedWi, B * 2 * Fs}, {moe.ActSharedAct, B * Fs},
-	} {
-		if a.n > 0 && pol.Action(a.name) == offload.Offload {
-			total += (a.n*dt.Size() + offload.Align - 1) / offload.Align * offload.Align
+		{moe.ActPermuted, []int{rows * H * es}}, {moe.ActWi, []int{rows * 2 * F * es}},
+		{moe.ActSwiGLU, []int{rows * F * es}}, {moe.ActWo, []int{rows * H * es}},
+		{moe.ActSharedWi, []int{B * 2 * Fs * es}}, {moe.ActSharedAct, []int{B * Fs * es}},
+	}
+	if prec != moe.PrecisionBF16 {
+		if R == 1 {
+			acts[0].bytes = nil
+		}
+		acts[2].bytes = fp8SwiGLUBytes(prec, rows, F, E/R)
+	}
+	total := 0
+	for _, a := range acts {
+		if pol.Action(a.name) != offload.Offload {
+			continue
+		}
+		for _, n := range a.bytes {
+			if n > 0 {
+				total += (n + offload.Align - 1) / offload.Align * offload.Align
+			}
 		}
 	}
 	return c.Layers * total
+}
+
+// fp8SwiGLUBytes returns the sizes of the two tensors of an FP8 layer's ActSwiGLU for
+// rows expert rows of F columns in G local experts: the columnwise codes, transposed,
+// one byte an element over the token blocks of 128 that the groups can need
+// (⌊rows/128⌋ + min(G, rows), each group's rows in blocks of their own), and their
+// scales, an f32 per block and column (blockwise) or a byte per 32 tokens and column
+// of F rounded up to 128 (MXFP8), as package quant lays them out.
+func fp8SwiGLUBytes(prec moe.Precision, rows, F, G int) []int {
+	blocks := rows/128 + min(G, rows)
+	codes := F * 128 * blocks
+	if prec == moe.PrecisionBlockwise {
+		return []int{codes, 4 * F * blocks}
+	}
+	return []int{codes, 4 * blocks * 128 * ((F + 127) / 128)}
 }
 
 // byteSize formats n bytes in B, KiB, MiB or GiB.

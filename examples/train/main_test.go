@@ -574,9 +574,12 @@ func TestFP8(t *testing.T) {
 
 				oo := o
 				oo.Offload, oo.Out = "*=offload", t.TempDir()
-				off, _ := runOK(t, oo)
+				off, offOut := runOK(t, oo)
 				if diff := cmp.Diff(r.History, off.Models[0].History); diff != "" {
 					t.Errorf("losses differ with offloading (-without +with):\n%s", diff)
+				}
+				if strings.Contains(offOut, "pool full") {
+					t.Errorf("FP8 activations did not fit the pinned pool sized for them:\n%s", offOut)
 				}
 
 				o.Resume, o.Steps, o.Precision = true, 5, c.resume
