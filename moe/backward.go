@@ -88,19 +88,29 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err != nil {
 		return err
 	}
-	var dyp, dw *device.Tensor
-	if c.EP == nil {
-		pm := act.Perm
-		dyp, dw = tmp.Alloc(dt, R, H), tmp.Alloc(device.F32, T, K)
+	// fused: dyp, dh and the permuted x are quantized as they are computed (grad_fp8.go).
+	fused := c.Precision.fp8() && c.EP == nil && !l.unfusedGrad
+	var dyp operand
+	var dw *device.Tensor
+	switch {
+	case c.EP == nil && fused:
+		dw = tmp.Alloc(device.F32, T, K)
 		if err := tmp.Err(); err != nil {
 			return err
 		}
-		err = UnpermuteGrad(s, dyp, dw, dy, yp, r.Weight, pm)
-	} else {
+		err = unpermuteGrad(s, nil, dw, dy, yp, r.Weight, act.Perm, true)
+		dyp.src = ex.gatherSource(dy, r.Weight)
+	case c.EP == nil:
+		dyp.t, dw = tmp.Alloc(dt, R, H), tmp.Alloc(device.F32, T, K)
+		if err := tmp.Err(); err != nil {
+			return err
+		}
+		err = UnpermuteGrad(s, dyp.t, dw, dy, yp, r.Weight, act.Perm)
+	default:
 		var dwRow *device.Tensor
-		dyp, dwRow, err = act.Layout.CombineBackward(s, dy, yp, act.weights)
+		dyp.t, dwRow, err = act.Layout.CombineBackward(s, dy, yp, act.weights)
 		if err == nil {
-			tmp.Add(dyp, dwRow)
+			tmp.Add(dyp.t, dwRow)
 			dw = dwRow // the row weight gradients, sent back with DispatchBackward
 		}
 	}
@@ -151,15 +161,20 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err != nil {
 		return err
 	}
-	dh := tmp.Alloc(dt, R, 2*F)
-	if err := tmp.Err(); err != nil {
-		return err
-	}
-	if err := swigluGrad(s, dh, h, da, act.used); err != nil {
-		return err
-	}
-	if err := act.done(&act.h); err != nil {
-		return err
+	var dh operand
+	if fused {
+		dh.src = ex.swigluGradSource(h, da) // h is done after W1's GEMMs read it
+	} else {
+		dh.t = tmp.Alloc(dt, R, 2*F)
+		if err := tmp.Err(); err != nil {
+			return err
+		}
+		if err := swigluGrad(s, dh.t, h, da, act.used); err != nil {
+			return err
+		}
+		if err := act.done(&act.h); err != nil {
+			return err
+		}
 	}
 	l.mark(s, "swiglu_bwd")
 	dxp := tmp.Alloc(dt, R, H)
@@ -167,11 +182,19 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		return err
 	}
 	getXp := func() (operand, error) {
+		if fused {
+			return operand{src: ex.gatherSource(x, nil)}, nil
+		}
 		xp, err := act.get(s, &act.xp, reXp)
 		return operand{t: xp}, err
 	}
 	if err := ex.backward(dxp, g.W1, dh, getXp, g.Accumulate, false); err != nil {
 		return err
+	}
+	if fused {
+		if err := act.done(&act.h); err != nil {
+			return err
+		}
 	}
 	if err := ready(s, g.W1, g.W1Ready, "Grads.W1Ready"); err != nil {
 		return err

@@ -17,14 +17,17 @@ import (
 // already quantized (swigluFP8): rowwise for W2's GEMM, freed after it, and columnwise
 // in the experts' groups, transposed, which the layer keeps for W2's weight gradient
 // instead of a in bf16 (ActSwiGLU: its codes and its scales, two tensors, offloaded or
-// recomputed from h by the same kernel). Every other activation operand (with
-// Config.EP also the dispatched x) is quantized by its own pass right before its GEMM,
-// from the tensor the layer has, and freed after it. Each incoming gradient of
-// Backward, dyp and dh, is quantized once for its two GEMMs: rowwise and columnwise (in
-// the experts' groups, transposed) from one pass, before its input gradient, and freed
-// after its weight gradient (see experts.newGrad). Future work: quantizing inside the
-// other kernels that write the operands (SwiGLU's gradient, the dispatch, as
-// ep.DispatchMXFP8 does), and keeping the other activations in FP8.
+// recomputed from h by the same kernel). Each incoming gradient of Backward, dyp and
+// dh, is quantized once for its two GEMMs: rowwise and columnwise (in the experts'
+// groups, transposed) from one pass, before its input gradient, and freed after its
+// weight gradient (see experts.newGrad); without Config.EP that pass computes it as it
+// reads it (dyp from dy and the routing weights, dh from h and da), and the columnwise
+// form of the permuted x for W1's weight gradient is quantized from x through the
+// permutation (grad_fp8.go), so that none of the three is written in the activations'
+// dtype. Every other activation operand (with Config.EP the dispatched x and the
+// combine's gradient too) is quantized by its own pass right before its GEMM, from the
+// tensor the layer has, and freed after it. Future work: quantizing inside the
+// dispatch (as ep.DispatchMXFP8 does), and keeping the other activations in FP8.
 
 // The quantizations of the operands: rowwise for the forwards and input gradients;
 // columnwise, transposed, in the experts' groups for the weight gradients, with dir
@@ -324,11 +327,14 @@ func (e *experts) dot(y, x *device.Tensor, second bool) error {
 	return errors.Join(e.dotRows(y, q, second), q.free())
 }
 
-// operand is the x of a weight gradient: a tensor in the activations' dtype, or, for
-// the SwiGLU output an FP8 layer keeps quantized, its columnwise form.
+// operand is an operand of the experts' GEMMs other than the weights: a tensor t in
+// the activations' dtype; for an FP8 layer also src, the source of such a tensor that
+// its quantizations compute as they read it (see rowsSource), or, for the SwiGLU output
+// the layer keeps quantized, q, its columnwise form.
 type operand struct {
-	t *device.Tensor
-	q fp8Rows
+	t   *device.Tensor
+	src rowsSource
+	q   fp8Rows
 }
 
 // backward computes the gradients through one of the experts' GEMMs from its incoming
@@ -336,8 +342,9 @@ type operand struct {
 // (dy = dyp, x = a), else dxp[R,H] = dh·W1ᵀ and dW1 = xpᵀ·dh (dy = dh, x = xp). dw nil
 // skips the weight gradient; otherwise x comes from getX, called once the input
 // gradient is enqueued, and the weight gradient is added to dw with acc. An FP8
-// precision quantizes dy once for both GEMMs (see newGrad) and frees it after them.
-func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (operand, error), acc, second bool) error {
+// precision quantizes dy (its tensor, or its source) once for both GEMMs (see newGrad)
+// and frees it after them.
+func (e *experts) backward(dx, dw *device.Tensor, dy operand, getX func() (operand, error), acc, second bool) error {
 	dir := quant.Rowwise
 	if dw != nil && !e.twoPass {
 		dir = quant.Both
@@ -356,17 +363,18 @@ func (e *experts) backward(dx, dw, dy *device.Tensor, getX func() (operand, erro
 	return errors.Join(err, q.free())
 }
 
-// grad is an incoming gradient of Backward, dyp or dh, as its GEMMs read it: t itself
-// with PrecisionBF16; with an FP8 precision also t quantized by newGrad.
+// grad is an incoming gradient of Backward, dyp or dh, as its GEMMs read it: its tensor
+// with PrecisionBF16; with an FP8 precision its tensor or its source (x) quantized by
+// newGrad.
 type grad struct {
-	t       *device.Tensor
+	x       operand
 	dir     quant.Direction // the forms quantized
-	rows    int             // the rows quantized: t's first rows
-	fp8Rows                 // t's forms (FP8 precisions; free releases them)
+	rows    int             // the rows quantized: the first rows of x
+	fp8Rows                 // x's forms (FP8 precisions; free releases them)
 }
 
-// newGrad returns dy [R,N] as its GEMMs read it. An FP8 precision quantizes it now, by
-// one pass, in the directions of dir: Rowwise, all R rows, for the input gradient
+// newGrad returns dy [R,N], a tensor or (FP8 precisions) a source, as its GEMMs read it.
+// An FP8 precision quantizes it now, by one pass, in the directions of dir: Rowwise, all R rows, for the input gradient
 // alone; Columnwise, the rows of colGroups in its groups, transposed, for the weight
 // gradient alone; Both, both forms over those rows and groups, for the two GEMMs.
 //
@@ -379,8 +387,11 @@ type grad struct {
 // them from the experts' counts. colGroups' sizes are those counts but for the last
 // expert's, which takes a capacity layer's unused rows: every group starts at the same
 // scale row either way, and the GEMM reads only the experts' rows.
-func (e *experts) newGrad(dy *device.Tensor, dir quant.Direction) (*grad, error) {
-	q := &grad{t: dy, dir: dir, rows: dy.Dim(0)}
+func (e *experts) newGrad(dy operand, dir quant.Direction) (*grad, error) {
+	q := &grad{x: dy, dir: dir, rows: e.act.rows}
+	if dy.t != nil {
+		q.rows = dy.t.Dim(0)
+	}
 	if !e.cfg.Precision.fp8() {
 		return q, nil
 	}
@@ -390,13 +401,10 @@ func (e *experts) newGrad(dy *device.Tensor, dir quant.Direction) (*grad, error)
 		if err != nil {
 			return nil, err
 		}
-		if dy, err = dy.Rows(0, rows); err != nil {
-			return nil, err
-		}
 		q.rows, bo, mo = rows, blockCols(sizes, dir), mxCols(sizes, dir)
 	}
 	var err error
-	if q.fp8Rows, err = quantizeFP8(e.s, e.cfg.Precision, dy, bo, mo); err != nil {
+	if q.fp8Rows, err = e.quantize(dy, q.rows, bo, mo); err != nil {
 		return nil, err
 	}
 	return q, nil
@@ -409,7 +417,7 @@ func (e *experts) newGrad(dy *device.Tensor, dir quant.Direction) (*grad, error)
 func (e *experts) inputGrad(dx *device.Tensor, dy *grad, second bool) error {
 	s, counts := e.s, e.act.counts
 	if !e.cfg.Precision.fp8() {
-		return gemm.RaggedDotInputGrad(s, dx, dy.t, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
+		return gemm.RaggedDotInputGrad(s, dx, dy.x.t, pick(second, e.p.W1, e.p.W2), counts, &gemm.Options{Layout: e.cfg.Layout})
 	}
 	dx, err := keptRows(s, dx, dy.rows)
 	if err != nil {
@@ -430,10 +438,10 @@ func (e *experts) weightGrad(dw *device.Tensor, x operand, dy *grad, acc bool) e
 	s := e.s
 	o := &gemm.Options{Layout: e.cfg.Layout, Accumulate: acc}
 	if !e.cfg.Precision.fp8() {
-		return gemm.RaggedDotWeightGrad(s, dw, x.t, dy.t, e.act.counts, o)
+		return gemm.RaggedDotWeightGrad(s, dw, x.t, dy.x.t, e.act.counts, o)
 	}
 	if dy.dir == quant.Rowwise {
-		c, err := e.newGrad(dy.t, quant.Columnwise)
+		c, err := e.newGrad(dy.x, quant.Columnwise)
 		if err != nil {
 			return err
 		}
@@ -446,11 +454,7 @@ func (e *experts) weightGrad(dw *device.Tensor, x operand, dy *grad, acc bool) e
 		if err != nil {
 			return err
 		}
-		xr, err := x.t.Rows(0, rows)
-		if err != nil {
-			return err
-		}
-		if qx, err = quantizeFP8(s, e.cfg.Precision, xr, blockCols(sizes, quant.Columnwise), mxCols(sizes, quant.Columnwise)); err != nil {
+		if qx, err = e.quantize(x, rows, blockCols(sizes, quant.Columnwise), mxCols(sizes, quant.Columnwise)); err != nil {
 			return err
 		}
 	}

@@ -416,7 +416,7 @@ func TestFP8GradKeptRows(t *testing.T) {
 					inputGrad := func(dir quant.Direction) []float32 {
 						dx := alloc(t, s, device.BF16, R, k)
 						defer dx.Free()
-						q := dt.Must(ex.newGrad(dy, dir))
+						q := dt.Must(ex.newGrad(operand{t: dy}, dir))
 						defer q.free()
 						dt.NoErr(t, ex.inputGrad(dx, q, second))
 						return down(t, s, dx)
@@ -556,7 +556,7 @@ func TestFP8PaddedGroups(t *testing.T) {
 					got := alloc(t, s, device.F32, shape...)
 					defer got.Free()
 					// dy as Backward quantizes it for both its GEMMs.
-					qdy := dt.Must(ex.newGrad(dy, quant.Both))
+					qdy := dt.Must(ex.newGrad(operand{t: dy}, quant.Both))
 					defer qdy.free()
 					dt.NoErr(t, ex.weightGrad(got, operand{t: x}, qdy, false))
 					// The kept rows alone, in the experts' groups.

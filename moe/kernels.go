@@ -26,6 +26,9 @@ var swigluSrc string
 //go:embed kernels/swiglu_fp8.cu
 var swigluFP8Src string
 
+//go:embed kernels/grad_fp8.cu
+var gradFP8Src string
+
 // moeHeader is the package's kernel header, which every source includes.
 var moeHeader = device.Header{Name: "moe.cuh", Source: moeHeaderSrc}
 
@@ -41,11 +44,18 @@ var (
 			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
 	swigluBwProg = device.NewProgram("swiglu_fp8.cu", swigluFP8Src, "-DDL_SWIGLU_MX=0").
 			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
+
+	// The backward's operands quantized as they are computed (grad_fp8.go), one program
+	// per recipe.
+	gradMXProg = device.NewProgram("grad_fp8.cu", gradFP8Src, "-DDL_GRAD_MX=1").
+			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
+	gradBwProg = device.NewProgram("grad_fp8.cu", gradFP8Src, "-DDL_GRAD_MX=0").
+			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
 )
 
 // programs returns the package's CUDA programs.
 func programs() []*device.Program {
-	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg, swigluMXProg, swigluBwProg}
+	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg, swigluMXProg, swigluBwProg, gradMXProg, gradBwProg}
 }
 
 // launch enqueues kernel name of p on s.

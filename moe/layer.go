@@ -25,6 +25,10 @@ type Layer struct {
 	// the activations' dtype, keep it so, and quantize it by a pass before each GEMM that
 	// reads it: the reference of the fused SwiGLU and quantization it otherwise runs.
 	unfusedSwiGLU bool
+	// unfusedGrad, when set (by tests), makes an FP8 Backward without Config.EP write
+	// dyp, dh and the permuted x in the activations' dtype and quantize them: the
+	// reference of the quantizations that otherwise compute them (grad_fp8.go).
+	unfusedGrad bool
 
 	mu sync.Mutex  // guards q
 	q  *fp8Weights // FP8 precisions: W1 and W2 quantized, or nil

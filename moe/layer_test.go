@@ -110,6 +110,7 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	lay := dt.Must(NewLayer(c))
 	lay.gradTwoPass = l.gradTwoPass
 	lay.unfusedSwiGLU = l.unfusedSwiGLU
+	lay.unfusedGrad = l.unfusedGrad
 	defer lay.InvalidateWeights() // an FP8 layer's cached weights
 	var ts []*device.Tensor
 	defer func() { device.FreeAll(ts...) }()

@@ -291,6 +291,12 @@ func unpermute(s *device.Stream, y, yp, weight, row *device.Tensor, K, rows int,
 // yp and dyp [p.Rows, H] of one dtype and weight, dweight F32[T,K], on s. Unused rows
 // of dyp are zeroed. dyp and dweight must not alias each other or an input.
 func UnpermuteGrad(s *device.Stream, dyp, dweight, dy, yp, weight *device.Tensor, p *Permutation) error {
+	return unpermuteGrad(s, dyp, dweight, dy, yp, weight, p, false)
+}
+
+// unpermuteGrad is UnpermuteGrad, or with weightsOnly the routing weights' gradient
+// dweight alone (dyp nil).
+func unpermuteGrad(s *device.Stream, dyp, dweight, dy, yp, weight *device.Tensor, p *Permutation, weightsOnly bool) error {
 	if err := checkStream(s, "UnpermuteGrad"); err != nil {
 		return err
 	}
@@ -307,7 +313,9 @@ func UnpermuteGrad(s *device.Stream, dyp, dweight, dy, yp, weight *device.Tensor
 	if err := checkRows(s, yp, "UnpermuteGrad yp", dt, p.Rows, H); err != nil {
 		return err
 	}
-	if err := checkRows(s, dyp, "UnpermuteGrad dyp", dt, p.Rows, H); err != nil {
+	if weightsOnly {
+		dyp = nil
+	} else if err := checkRows(s, dyp, "UnpermuteGrad dyp", dt, p.Rows, H); err != nil {
 		return err
 	}
 	if err := checkTensor(s, weight, "UnpermuteGrad weight", device.F32, T, K); err != nil {
@@ -325,7 +333,10 @@ func UnpermuteGrad(s *device.Stream, dyp, dweight, dy, yp, weight *device.Tensor
 	if !s.Device().IsCUDA() {
 		return s.EnqueueCPU(func() {
 			d, u := hostF32(dy), hostF32(yp)
-			out := make([]float32, p.Rows*H)
+			var out []float32
+			if dyp != nil {
+				out = make([]float32, p.Rows*H)
+			}
 			row, w, dw := device.Slice[int32](p.Row), device.Slice[float32](weight), device.Slice[float32](dweight)
 			par.For(T, 16, func(lo, hi int) {
 				for t := lo; t < hi; t++ {
@@ -340,19 +351,32 @@ func UnpermuteGrad(s *device.Stream, dyp, dweight, dy, yp, weight *device.Tensor
 						var dot float64
 						for h, v := range u[r*H : (r+1)*H] {
 							dot += float64(dt[h]) * float64(v)
-							out[r*H+h] = wk * dt[h]
 						}
 						dw[t*K+k] = float32(dot)
+						if out != nil {
+							for h, v := range dt {
+								out[r*H+h] = wk * v
+							}
+						}
 					}
 				}
 			})
-			storeF32(dyp, out)
+			if dyp != nil {
+				storeF32(dyp, out)
+			}
 		})
 	}
-	v := vecWidth(dt, []int{H}, dy, yp, dyp)
+	ts := []*device.Tensor{dy, yp}
+	if dyp != nil {
+		ts = append(ts, dyp)
+	}
+	v := vecWidth(dt, []int{H}, ts...)
 	if err := launch(s, permuteProg, "dl_moe_combine_bwd_"+rowKernel(dt, v), device.D1(T), device.D1(rowThreads(int64(H/v))), 0,
 		dyp, dweight, dy, yp, weight, p.Row, int32(K), int64(H)); err != nil {
 		return err
+	}
+	if dyp == nil {
+		return nil
 	}
 	return zeroUnused(s, dyp, p)
 }

@@ -71,7 +71,8 @@ __device__ __forceinline__ float dl_silu(float g) { return g == DL_NEG_INF ? 0.f
 __device__ __forceinline__ float dl_swiglu(float g, float u) { return __fmul_rn(dl_silu(g), u); }
 
 // dl_silu_grad sets ds = silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g), and
-// v = silu(g), or their limits: 0 and 0 at g = -inf, 1 and +inf at +inf.
+// v = silu(g), or their limits: 0 and 0 at g = -inf, 1 and +inf at +inf; each step
+// rounded on its own, as moe/swiglu.go computes them.
 __device__ __forceinline__ void dl_silu_grad(float g, float &ds, float &v) {
     if (g == DL_NEG_INF || g == DL_POS_INF) {
         ds = g > 0.f ? 1.f : 0.f;
@@ -79,8 +80,19 @@ __device__ __forceinline__ void dl_silu_grad(float g, float &ds, float &v) {
         return;
     }
     float s = dl_sigmoid(g);
-    ds = s * (1.f + g * (1.f - s));
-    v = g * s;
+    ds = __fmul_rn(s, __fadd_rn(1.f, __fmul_rn(g, __fsub_rn(1.f, s))));
+    v = __fmul_rn(g, s);
+}
+
+// dl_swiglu_bwd sets dg = d * u * silu'(g) and du = d * silu(g), the gradients of
+// SwiGLU's gate g and up u for the gradient d of its output, each product rounded on
+// its own (no contraction): the values that swiglu.cu stores and that grad_fp8.cu
+// quantizes.
+__device__ __forceinline__ void dl_swiglu_bwd(float g, float u, float d, float &dg, float &du) {
+    float ds, v;
+    dl_silu_grad(g, ds, v);
+    dg = __fmul_rn(__fmul_rn(d, u), ds);
+    du = __fmul_rn(d, v);
 }
 
 // dl_total returns the number of used rows: *total, or rows when total is null.

@@ -93,8 +93,8 @@ __device__ __forceinline__ void combine(T *__restrict__ y, const T *__restrict__
     }
 }
 
-// For each k with a row r: dyp[r] = wt[t*K+k] * dy[t] and dwt[t*K+k] = <dy[t], yp[r]>
-// (0 without a row). blockDim.x is a multiple of 32.
+// For each k with a row r: dyp[r] = wt[t*K+k] * dy[t] (not when dyp is null) and
+// dwt[t*K+k] = <dy[t], yp[r]> (0 without a row). blockDim.x is a multiple of 32.
 template <typename T, int V>
 __device__ __forceinline__ void combine_bwd(T *__restrict__ dyp, float *__restrict__ dwt, const T *__restrict__ dy,
                                             const T *__restrict__ yp, const float *__restrict__ wt,
@@ -124,7 +124,7 @@ __device__ __forceinline__ void combine_bwd(T *__restrict__ dyp, float *__restri
                 part += d[j] * u[j];
                 d[j] *= g;
             }
-            dl_vec<T, V>::store(dyp + (i64)r * H + c, d);
+            if (dyp) dl_vec<T, V>::store(dyp + (i64)r * H + c, d);
         }
         float s = dl_block_sum(part, red);
         if (threadIdx.x == 0) dwt[t * K + k] = s;

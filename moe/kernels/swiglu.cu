@@ -39,13 +39,7 @@ __device__ __forceinline__ void swiglu_bwd(T *__restrict__ dh, const T *__restri
                 dl_vec<T, V>::load(h + r * 2 * F + F + c, u);
                 dl_vec<T, V>::load(da + r * F + c, d);
 #pragma unroll
-                for (int j = 0; j < V; j++) {
-                    float ds, v;
-                    dl_silu_grad(g[j], ds, v);
-                    float dg = d[j] * u[j] * ds;
-                    u[j] = d[j] * v;
-                    g[j] = dg;
-                }
+                for (int j = 0; j < V; j++) dl_swiglu_bwd(g[j], u[j], d[j], g[j], u[j]);
             } else {
 #pragma unroll
                 for (int j = 0; j < V; j++) g[j] = u[j] = 0.f;

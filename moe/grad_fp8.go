@@ -1,0 +1,164 @@
+package moe
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/internal/par"
+	"github.com/dropless/dropless/quant"
+)
+
+// Without Config.EP an FP8 Backward quantizes three of its GEMMs' operands as it
+// computes them, from what they are computed from, instead of writing them in the
+// activations' dtype and reading them back: the expert rows' gradient dyp (weight·dy of
+// each row's token, UnpermuteGrad's, which then computes the routing weights' gradient
+// alone), SwiGLU's gradient dh (from h and da, SwiGLUGrad's) and the permuted rows of x
+// for W1's weight gradient (Permute's). Each is a rowsSource, a quant.Source of the
+// rows a quantization covers, whose values are bit for bit those of the tensor it
+// stands for (grad_fp8.cu computes them as permute.cu and swiglu.cu do, and quant
+// quantizes a source as the tensor of its values): the layer's results are those of
+// the path that writes the tensors (Layer.unfusedGrad), without the write and the read
+// back of an [R,H], an [R,2F] and an [R,H] tensor, nor their memory.
+
+// rowsSource is an [R, N] operand of the experts' GEMMs computed as its quantizations
+// read it: the quant.Source of its first rows rows.
+type rowsSource func(rows int) (quant.Source, error)
+
+// gradKernels returns the program of grad_fp8.cu for the layer's recipe and the prefix
+// of loader's kernels (dh or rows) in dtype dt.
+func (e *experts) gradKernels(loader string, dt device.DType) (*device.Program, string) {
+	if e.cfg.Precision == PrecisionBlockwise {
+		return gradBwProg, "dl_moe_" + loader + "_bwq_" + dt.String()
+	}
+	return gradMXProg, "dl_moe_" + loader + "_mxq_" + dt.String()
+}
+
+// swigluGradLoader mirrors DlSwigluGradSrc of kernels/grad_fp8.cu.
+type swigluGradLoader struct {
+	H, DA, Used *device.Tensor
+	Rows, F     int64
+}
+
+// swigluGradSource returns dh[R,2F] = [da·up·silu'(gate) | da·silu(gate)] of h[R,2F] and
+// da[R,F] over the layer's used rows (act.used), the rest zeros, as swigluGrad computes
+// it.
+func (e *experts) swigluGradSource(h, da *device.Tensor) rowsSource {
+	used := e.act.used
+	return func(rows int) (quant.Source, error) {
+		M, F2, dt := h.Dim(0), h.Dim(1), h.DType()
+		F := F2 / 2
+		if rows > M || da.Dim(0) != M || da.Dim(1) != F {
+			return quant.Source{}, fmt.Errorf("moe: internal error: SwiGLU's gradient of %d rows from h %v and da %v", rows, h, da)
+		}
+		inputs := []*device.Tensor{h, da}
+		if used != nil {
+			inputs = append(inputs, used)
+		}
+		prog, kernels := e.gradKernels("dh", dt)
+		return quant.Source{
+			M: rows, K: F2, DType: dt, Inputs: inputs,
+			Fill: func(v []float32) {
+				hv, d := hostF32(h), hostF32(da)
+				n := min(usedRows(used, M), rows)
+				par.For(n, 64, func(lo, hi int) {
+					for r := lo; r < hi; r++ {
+						for f := range F {
+							g, u, dd := hv[r*F2+f], hv[r*F2+F+f], d[r*F+f]
+							ds, sv := siluGrad32(g)
+							v[r*F2+f] = dd * u * ds
+							v[r*F2+F+f] = dd * sv
+						}
+					}
+				})
+				clear(v[n*F2:])
+			},
+			Program: prog,
+			Kernels: kernels,
+			Loader:  swigluGradLoader{H: h, DA: da, Used: used, Rows: int64(M), F: int64(F)},
+			Vec:     F%8 == 0 && device.Aligned(16, h, da),
+		}, nil
+	}
+}
+
+// gatherLoader mirrors DlGatherSrc of kernels/grad_fp8.cu.
+type gatherLoader struct {
+	X, Source, W *device.Tensor
+	Per, K       int64
+}
+
+// gatherSource returns the expert rows of x[T,N] as Permute writes them (w nil: row r is
+// x[t] for the token t of its assignment, a zero row for an unused row), or with w
+// (F32[T,TopK], the routing weights) as UnpermuteGrad writes dyp of dy = x: row r is
+// w[t,k]·x[t] for its assignment (t, k).
+func (e *experts) gatherSource(x, w *device.Tensor) rowsSource {
+	p := e.act.Perm
+	return func(rows int) (quant.Source, error) {
+		if p == nil || rows > p.Rows {
+			return quant.Source{}, errors.New("moe: internal error: expert rows gathered without a permutation of them")
+		}
+		N, dt, per := x.Dim(1), x.DType(), p.TopK
+		inputs := []*device.Tensor{x, p.Source}
+		if w != nil {
+			inputs = append(inputs, w)
+		}
+		prog, kernels := e.gradKernels("rows", dt)
+		return quant.Source{
+			M: rows, K: N, DType: dt, Inputs: inputs,
+			Fill: func(v []float32) {
+				xv, src := hostF32(x), device.Slice[int32](p.Source)
+				var wv []float32
+				if w != nil {
+					wv = device.Slice[float32](w)
+				}
+				par.For(rows, 64, func(lo, hi int) {
+					for r := lo; r < hi; r++ {
+						out, a := v[r*N:(r+1)*N], int(src[r])
+						switch {
+						case a < 0:
+							clear(out)
+						case wv == nil:
+							copy(out, xv[a/per*N:][:N])
+						default:
+							for c, xc := range xv[a/per*N:][:N] {
+								out[c] = wv[a] * xc
+							}
+						}
+					}
+				})
+			},
+			Program: prog,
+			Kernels: kernels,
+			Loader:  gatherLoader{X: x, Source: p.Source, W: w, Per: int64(per), K: int64(N)},
+			Vec:     N*dt.Size()%16 == 0 && device.Aligned(16, x),
+		}, nil
+	}
+}
+
+// quantize quantizes the first rows rows of x, from its tensor or its source, on e's
+// stream in the layer's recipe, with bo (blockwise) or mo (MXFP8).
+func (e *experts) quantize(x operand, rows int, bo quant.BlockOptions, mo quant.Options) (fp8Rows, error) {
+	if x.src == nil {
+		t, err := x.t.Rows(0, rows)
+		if err != nil {
+			return fp8Rows{}, err
+		}
+		return quantizeFP8(e.s, e.cfg.Precision, t, bo, mo)
+	}
+	src, err := x.src(rows)
+	if err != nil {
+		return fp8Rows{}, err
+	}
+	var q fp8Rows
+	if e.cfg.Precision == PrecisionBlockwise {
+		if q.b, err = quant.AllocBlockwise(e.s, src.M, src.K, bo); err == nil {
+			err = quant.QuantizeBlockwiseSource(e.s, q.b, src, bo)
+		}
+	} else if q.m, err = quant.Alloc(e.s, src.M, src.K, mo); err == nil {
+		err = quant.QuantizeSource(e.s, q.m, src, mo)
+	}
+	if err != nil {
+		return fp8Rows{}, errors.Join(err, q.free())
+	}
+	return q, nil
+}

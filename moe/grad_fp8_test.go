@@ -1,0 +1,63 @@
+package moe
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/dropless/dropless/device"
+	dt "github.com/dropless/dropless/device/devicetest"
+	"github.com/dropless/dropless/offload"
+)
+
+func TestKernelsCompileGradFP8(t *testing.T) { dt.CheckCompiles(t, gradMXProg, gradBwProg) }
+
+// TestFP8FusedGrad checks that quantizing dyp, dh and the permuted x as they are
+// computed changes no result: the output and every gradient are bit for bit those of
+// the layer that writes them in the activations' dtype and quantizes them
+// (unfusedGrad), on the cases of TestLayerFP8 (unused rows of a capacity layer, short
+// blocks, a skewed expert, no tokens, bf16 and f32), with each incoming gradient
+// quantized by one pass or two (gradTwoPass: the sources read twice), and with h
+// offloaded or rebuilt, which the fused SwiGLU gradient reads after W1's input
+// gradient.
+func TestFP8FusedGrad(t *testing.T) {
+	same := func(t *testing.T, want, got layerRun) {
+		t.Helper()
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
+			t.Errorf("operands quantized as computed against written then quantized (-unfused +fused):\n%s", diff)
+		}
+	}
+	policies := []string{"moe_mlpwi=offload", "moe_mlpwi=remat", "*=remat"}
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		for i, tc := range fp8Cases {
+			l, gy := tc.inputs(uint64(1300 + i))
+			for _, prec := range fp8Precisions {
+				t.Run(name(tc.name, "/", prec), func(t *testing.T) {
+					old := withPrecision(l, prec)
+					old.unfusedGrad = true
+					want := runLayer(t, d, old, tc.typ, tc.rtyp, gy)
+					if tc.T > 0 && (cmp.Equal(want.dw1, make([]float32, len(want.dw1))) || cmp.Equal(want.dx, make([]float32, len(want.dx)))) {
+						t.Fatal("dw1 or dx is all zeros")
+					}
+					same(t, want, runLayer(t, d, withPrecision(l, prec), tc.typ, tc.rtyp, gy))
+					two := withPrecision(l, prec)
+					two.gradTwoPass = true
+					same(t, want, runLayer(t, d, two, tc.typ, tc.rtyp, gy))
+					for _, pol := range policies {
+						t.Run(pol, func(t *testing.T) {
+							o := dt.Must(offload.New(d, offload.Config{PoolBytes: 1 << 22, Policy: offload.MustParsePolicy(pol)}))
+							defer o.Close()
+							lo := *withPrecision(l, prec)
+							lo.cfg.Offload = o
+							got := runLayer(t, d, &lo, tc.typ, tc.rtyp, gy)
+							dt.NoErr(t, o.Synchronize())
+							w := want
+							got.stats, w.stats = Stats{}, Stats{}
+							same(t, w, got)
+						})
+					}
+				})
+			}
+		}
+	})
+}

@@ -1,0 +1,123 @@
+// The operands of an FP8 layer's backward quantized as they are computed
+// (moe/grad_fp8.go): package quant's activation kernels instantiated for two loaders,
+// so that the tensors of the activations' dtype they stand for are never written:
+//
+//   - DlSwigluGradSrc: dh[M, 2F] = [da * up * silu'(gate) | da * silu(gate)] of
+//     h = [gate | up] and da[M, F], as swiglu.cu's swiglu_bwd stores it; rows at or past
+//     *used (all when used is null) are zeros;
+//   - DlGatherSrc: row r = w[a] * x[a / per] with a = source[r] the row's assignment (w
+//     null: x[a / per] itself; a < 0: a zero row), as permute.cu's gather (the permuted
+//     rows of x) and combine_bwd (the expert rows' gradient dyp of dy) store it.
+//
+// The kernels round each value to the dtype E, as those stores do, and quantize it.
+// Compiled with DL_GRAD_MX=1 for the MXFP8 kernels, 0 for the blockwise ones (each layer
+// needs one recipe). quant_source.cuh describes the loaders' functions.
+#include "moe.cuh"
+
+#ifndef DL_GRAD_MX
+#define DL_GRAD_MX 1
+#endif
+
+#if DL_GRAD_MX
+#include "quant_mxfp8.cuh"
+#else
+#include "quant_blockwise.cuh"
+#endif
+
+// dl_load8 loads the 8 elements at p (16-byte aligned) as floats.
+template <typename E>
+__device__ __forceinline__ void dl_load8(const E *p, float f[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; k += 16 / (int)sizeof(E)) dl_vec<E, 16 / (int)sizeof(E)>::load(p + k, f + k);
+}
+
+// DlSwigluGradSrc is the loader of dh[M, 2F] for h[M, 2F] and da[M, F] of E (u16: bf16,
+// or float); swigluGradLoader of moe/grad_fp8.go mirrors its fields. Its 16-byte loads
+// need F a multiple of 8 (8 columns from a multiple of 8 lie in one half).
+template <typename E>
+struct DlSwigluGradSrc {
+    typedef E T;
+    const E *h;
+    const E *da;
+    const int *used;
+    i64 rows, F;
+
+    __device__ __forceinline__ float at(u64 r, u64 c) const {
+        if ((i64)r >= dl_total(used, rows)) return 0.f;
+        const bool up = (i64)c >= F;
+        const i64 j = up ? (i64)c - F : (i64)c;
+        float dg, du;
+        dl_swiglu_bwd(dl_ld(h + (i64)r * 2 * F + j), dl_ld(h + (i64)r * 2 * F + F + j), dl_ld(da + (i64)r * F + j), dg,
+                      du);
+        return up ? du : dg;
+    }
+
+    template <bool VEC>
+    __device__ __forceinline__ void load8(u64 r, u64 c, int n, float f[8]) const {
+        if ((i64)r >= dl_total(used, rows)) n = 0;
+        if (VEC && n >= 8) {
+            const bool up = (i64)c >= F;
+            const i64 j = up ? (i64)c - F : (i64)c;
+            float g[8], u[8], d[8];
+            dl_load8(h + (i64)r * 2 * F + j, g);
+            dl_load8(h + (i64)r * 2 * F + F + j, u);
+            dl_load8(da + (i64)r * F + j, d);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float dg, du;
+                dl_swiglu_bwd(g[e], u[e], d[e], dg, du);
+                f[e] = up ? du : dg;
+            }
+            return;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = e < n ? at(r, c + e) : 0.f;
+    }
+};
+
+// DlGatherSrc is the loader of the rows w[a] * x[a / per], a = source[r], of x[., K] of
+// E; gatherLoader of moe/grad_fp8.go mirrors its fields.
+template <typename E>
+struct DlGatherSrc {
+    typedef E T;
+    const E *x;
+    const int *source;
+    const float *w;
+    i64 per, K;
+
+    __device__ __forceinline__ float at(u64 r, u64 c) const {
+        const int a = source[r];
+        if (a < 0) return 0.f;
+        const float v = dl_ld(x + (i64)(a / per) * K + (i64)c);
+        return w ? __fmul_rn(v, w[a]) : v;
+    }
+
+    template <bool VEC>
+    __device__ __forceinline__ void load8(u64 r, u64 c, int n, float f[8]) const {
+        const int a = source[r];
+        if (a < 0) n = 0;
+        if (VEC && n >= 8) {
+            dl_load8(x + (i64)(a / per) * K + (i64)c, f);
+            if (w) {
+                const float g = w[a];
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[e] = __fmul_rn(f[e], g);
+            }
+            return;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = e < n ? at(r, c + e) : 0.f;
+    }
+};
+
+#if DL_GRAD_MX
+DL_MX_SOURCE_KERNELS(dl_moe_dh_mxq_bf16, DlSwigluGradSrc<u16>, 4)
+DL_MX_SOURCE_KERNELS(dl_moe_dh_mxq_f32, DlSwigluGradSrc<float>, 3)
+DL_MX_SOURCE_KERNELS(dl_moe_rows_mxq_bf16, DlGatherSrc<u16>, 6)
+DL_MX_SOURCE_KERNELS(dl_moe_rows_mxq_f32, DlGatherSrc<float>, 4)
+#else
+DL_BW_SOURCE_KERNELS(dl_moe_dh_bwq_bf16, DlSwigluGradSrc<u16>, 2)
+DL_BW_SOURCE_KERNELS(dl_moe_dh_bwq_f32, DlSwigluGradSrc<float>, 2)
+DL_BW_SOURCE_KERNELS(dl_moe_rows_bwq_bf16, DlGatherSrc<u16>, 3)
+DL_BW_SOURCE_KERNELS(dl_moe_rows_bwq_f32, DlGatherSrc<float>, 2)
+#endif
