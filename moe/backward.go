@@ -88,12 +88,15 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err != nil {
 		return err
 	}
-	// fused: dyp, dh and the permuted x are quantized as they are computed (grad_fp8.go).
-	fused := c.Precision.fp8() && c.EP == nil && !l.unfusedGrad
+	// The operands quantized as they are computed (grad_fp8.go).
+	var fused gradParts
+	if c.Precision.fp8() && c.EP == nil {
+		fused = l.fusedGrad
+	}
 	var dyp operand
 	var dw *device.Tensor
 	switch {
-	case c.EP == nil && fused:
+	case c.EP == nil && fused&gradDyp != 0:
 		dw = tmp.Alloc(device.F32, T, K)
 		if err := tmp.Err(); err != nil {
 			return err
@@ -162,7 +165,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		return err
 	}
 	var dh operand
-	if fused {
+	if fused&gradDh != 0 {
 		dh.src = ex.swigluGradSource(h, da) // h is done after W1's GEMMs read it
 	} else {
 		dh.t = tmp.Alloc(dt, R, 2*F)
@@ -182,7 +185,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		return err
 	}
 	getXp := func() (operand, error) {
-		if fused {
+		if fused&gradXp != 0 {
 			return operand{src: ex.gatherSource(x, nil)}, nil
 		}
 		xp, err := act.get(s, &act.xp, reXp)
@@ -191,7 +194,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := ex.backward(dxp, g.W1, dh, getXp, g.Accumulate, false); err != nil {
 		return err
 	}
-	if fused {
+	if fused&gradDh != 0 {
 		if err := act.done(&act.h); err != nil {
 			return err
 		}

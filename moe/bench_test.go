@@ -100,11 +100,31 @@ func BenchmarkLayer(b *testing.B) {
 		flops := 6 * float64(T) * float64(K) * float64(H) * float64(F) // expert GEMMs, forward
 		for _, pass := range []string{"forward", "forward_backward"} {
 			bwd := pass == "forward_backward"
-			for _, prec := range []Precision{PrecisionBF16, PrecisionBlockwise, PrecisionMXFP8} {
+			// The precisions, and for the backward blockwise with other parts of it fused
+			// (Layer.fusedGrad; "fused_" and the parts, or "unfused").
+			type variant struct {
+				prec  Precision
+				fused gradParts
+			}
+			variants := []variant{{PrecisionBF16, defaultFusedGrad}, {PrecisionBlockwise, defaultFusedGrad}, {PrecisionMXFP8, defaultFusedGrad}}
+			if bwd {
+				for _, f := range []gradParts{0, gradDyp, gradDh, gradXp, allGradParts} {
+					if f != defaultFusedGrad {
+						variants = append(variants, variant{PrecisionBlockwise, f})
+					}
+				}
+			}
+			for _, v := range variants {
+				prec := v.prec
 				c := cfg
 				c.Precision = prec
 				lay := dt.Must(NewLayer(c))
-				b.Run(fmt.Sprintf("%v/%s/T=%d,H=%d,F=%d,E=%d,K=%d/%v", d, pass, T, H, F, E, K, prec), func(b *testing.B) {
+				lay.fusedGrad = v.fused
+				name := prec.String()
+				if v.fused != defaultFusedGrad {
+					name += "_" + v.fused.String()
+				}
+				b.Run(fmt.Sprintf("%v/%s/T=%d,H=%d,F=%d,E=%d,K=%d/%s", d, pass, T, H, F, E, K, name), func(b *testing.B) {
 					st := &stageTimes{d: d}
 					sums := map[string]time.Duration{}
 					step := func(traced bool) {

@@ -18,8 +18,23 @@ import (
 // rows a quantization covers, whose values are bit for bit those of the tensor it
 // stands for (grad_fp8.cu computes them as permute.cu and swiglu.cu do, and quant
 // quantizes a source as the tensor of its values): the layer's results are those of
-// the path that writes the tensors (Layer.unfusedGrad), without the write and the read
-// back of an [R,H], an [R,2F] and an [R,H] tensor, nor their memory.
+// the path that writes the tensors, without the write and the read back of an [R,H],
+// an [R,2F] and an [R,H] tensor, nor their memory. Which of the three are fused is
+// Layer.fusedGrad.
+
+// gradParts is a set of the operands of an FP8 Backward that it can quantize as it
+// computes them.
+type gradParts uint8
+
+const (
+	gradDyp gradParts = 1 << iota // the expert rows' gradient dyp, from dy and the routing weights
+	gradDh                        // SwiGLU's gradient dh, from h and da
+	gradXp                        // the permuted x of W1's weight gradient, from x
+
+	allGradParts = gradDyp | gradDh | gradXp
+	// defaultFusedGrad are the parts a Layer fuses.
+	defaultFusedGrad = allGradParts
+)
 
 // rowsSource is an [R, N] operand of the experts' GEMMs computed as its quantizations
 // read it: the quant.Source of its first rows rows.
@@ -161,4 +176,21 @@ func (e *experts) quantize(x operand, rows int, bo quant.BlockOptions, mo quant.
 		return fp8Rows{}, errors.Join(err, q.free())
 	}
 	return q, nil
+}
+
+// String returns the parts as "fused_dyp_dh_xp" (those of f), or "unfused".
+func (f gradParts) String() string {
+	if f == 0 {
+		return "unfused"
+	}
+	s := "fused"
+	for _, p := range []struct {
+		part gradParts
+		name string
+	}{{gradDyp, "dyp"}, {gradDh, "dh"}, {gradXp, "xp"}} {
+		if f&p.part != 0 {
+			s += "_" + p.name
+		}
+	}
+	return s
 }

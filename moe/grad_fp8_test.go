@@ -15,8 +15,9 @@ func TestKernelsCompileGradFP8(t *testing.T) { dt.CheckCompiles(t, gradMXProg, g
 // TestFP8FusedGrad checks that quantizing dyp, dh and the permuted x as they are
 // computed changes no result: the output and every gradient are bit for bit those of
 // the layer that writes them in the activations' dtype and quantizes them
-// (unfusedGrad), on the cases of TestLayerFP8 (unused rows of a capacity layer, short
-// blocks, a skewed expert, no tokens, bf16 and f32), with each incoming gradient
+// (Layer.fusedGrad empty), on the cases of TestLayerFP8 (unused rows of a capacity layer, short
+// blocks, a skewed expert, no tokens, bf16 and f32), with all three fused or one, with
+// each incoming gradient
 // quantized by one pass or two (gradTwoPass: the sources read twice), and with h
 // offloaded or rebuilt, which the fused SwiGLU gradient reads after W1's input
 // gradient.
@@ -40,6 +41,11 @@ func TestFP8FusedGrad(t *testing.T) {
 						t.Fatal("dw1 or dx is all zeros")
 					}
 					same(t, want, runLayer(t, d, withPrecision(l, prec), tc.typ, tc.rtyp, gy))
+					for _, f := range []gradParts{gradDyp, gradDh, gradXp} {
+						one := withPrecision(l, prec)
+						one.fusedGrad = f
+						same(t, want, runLayer(t, d, one, tc.typ, tc.rtyp, gy))
+					}
 					two := withPrecision(l, prec)
 					two.gradTwoPass = true
 					same(t, want, runLayer(t, d, two, tc.typ, tc.rtyp, gy))

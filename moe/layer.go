@@ -25,10 +25,10 @@ type Layer struct {
 	// the activations' dtype, keep it so, and quantize it by a pass before each GEMM that
 	// reads it: the reference of the fused SwiGLU and quantization it otherwise runs.
 	unfusedSwiGLU bool
-	// unfusedGrad, when set (by tests), makes an FP8 Backward without Config.EP write
-	// dyp, dh and the permuted x in the activations' dtype and quantize them: the
-	// reference of the quantizations that otherwise compute them (grad_fp8.go).
-	unfusedGrad bool
+	// fusedGrad are the operands that an FP8 Backward without Config.EP quantizes as it
+	// computes them (grad_fp8.go); it writes the others in the activations' dtype and
+	// quantizes them. NewLayer sets defaultFusedGrad; tests and benchmarks set others.
+	fusedGrad gradParts
 
 	mu sync.Mutex  // guards q
 	q  *fp8Weights // FP8 precisions: W1 and W2 quantized, or nil
@@ -45,7 +45,7 @@ func NewLayer(cfg Config) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Layer{cfg: cfg}, nil
+	return &Layer{cfg: cfg, fusedGrad: defaultFusedGrad}, nil
 }
 
 // Config returns the layer's configuration.

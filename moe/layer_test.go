@@ -110,7 +110,12 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	lay := dt.Must(NewLayer(c))
 	lay.gradTwoPass = l.gradTwoPass
 	lay.unfusedSwiGLU = l.unfusedSwiGLU
-	lay.unfusedGrad = l.unfusedGrad
+	switch {
+	case l.unfusedGrad:
+		lay.fusedGrad = 0
+	case l.fusedGrad != 0:
+		lay.fusedGrad = l.fusedGrad
+	}
 	defer lay.InvalidateWeights() // an FP8 layer's cached weights
 	var ts []*device.Tensor
 	defer func() { device.FreeAll(ts...) }()
