@@ -32,8 +32,11 @@ const (
 	gradXp                        // the permuted x of W1's weight gradient, from x
 
 	allGradParts = gradDyp | gradDh | gradXp
-	// defaultFusedGrad are the parts a Layer fuses.
-	defaultFusedGrad = allGradParts
+	// defaultFusedGrad are the parts a Layer fuses: dyp and the permuted x, which save
+	// two [R,H] temporaries at no cost in time; dh's quantization from h and da took
+	// longer than SwiGLU's gradient pass and the quantization of dh together (see
+	// docs/perf.md, seventh round).
+	defaultFusedGrad = gradDyp | gradXp
 )
 
 // rowsSource is an [R, N] operand of the experts' GEMMs computed as its quantizations
