@@ -148,9 +148,9 @@
 // elements in SwiGLU and its gradient, and runs the router's three T·H·E products on
 // CUDA cores. At T=16384, H=7168, F=2048, E=32, K=8 in bf16 that is about 14 GB of
 // traffic, some 4 ms on an H200, beside about 50 ms of expert GEMMs. An FP8 layer
-// without Config.EP adds its quantizations, but writes neither Backward's dyp nor dh nor
-// the permuted x its weight gradient reads: the quantizations compute them as they
-// read dy, h and da, and x (the first of Unpermute's backward passes reads dy and the
-// expert outputs alone, to the routing weights' gradient). BenchmarkLayer reports the
+// without Config.EP adds its quantizations, but writes neither Backward's dyp nor the
+// permuted x its weight gradient reads: the quantizations compute them as they read dy
+// and x (UnpermuteGrad's pass reads dy and the expert outputs alone, to the routing
+// weights' gradient), which saves two [T·K, H] temporaries. BenchmarkLayer reports the
 // time of each stage.
 package moe

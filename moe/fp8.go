@@ -20,11 +20,11 @@ import (
 // recomputed from h by the same kernel). Each incoming gradient of Backward, dyp and
 // dh, is quantized once for its two GEMMs: rowwise and columnwise (in the experts'
 // groups, transposed) from one pass, before its input gradient, and freed after its
-// weight gradient (see experts.newGrad); without Config.EP that pass computes it as it
-// reads it (dyp from dy and the routing weights, dh from h and da), and the columnwise
-// form of the permuted x for W1's weight gradient is quantized from x through the
-// permutation (grad_fp8.go), so that none of the three is written in the activations'
-// dtype. Every other activation operand (with Config.EP the dispatched x and the
+// weight gradient (see experts.newGrad); without Config.EP dyp's pass computes it as it
+// reads it, from dy and the routing weights, and the columnwise form of the permuted x
+// for W1's weight gradient is quantized from x through the permutation (grad_fp8.go),
+// so that neither is written in the activations' dtype (dh could be too, from h and da,
+// but that ran slower than SwiGLU's gradient pass and a quantization of dh). Every other activation operand (with Config.EP the dispatched x and the
 // combine's gradient too) is quantized by its own pass right before its GEMM, from the
 // tensor the layer has, and freed after it. Future work: quantizing inside the
 // dispatch (as ep.DispatchMXFP8 does), and keeping the other activations in FP8.

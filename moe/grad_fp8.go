@@ -9,7 +9,7 @@ import (
 	"github.com/dropless/dropless/quant"
 )
 
-// Without Config.EP an FP8 Backward quantizes three of its GEMMs' operands as it
+// Without Config.EP an FP8 Backward can quantize three of its GEMMs' operands as it
 // computes them, from what they are computed from, instead of writing them in the
 // activations' dtype and reading them back: the expert rows' gradient dyp (weight·dy of
 // each row's token, UnpermuteGrad's, which then computes the routing weights' gradient
