@@ -21,9 +21,7 @@ import (
 func TestFP8FusedSwiGLU(t *testing.T) {
 	same := func(t *testing.T, want, got layerRun) {
 		t.Helper()
-		if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
-			t.Errorf("fused SwiGLU against SwiGLU then quantized (-unfused +fused):\n%s", diff)
-		}
+		sameRun(t, "fused SwiGLU against SwiGLU then quantized (-unfused +fused)", want, got)
 	}
 	policies := []string{"moe_mlp_swiglu=offload", "moe_mlp_swiglu=remat", "moe_mlp_swiglu=remat,moe_mlpwo=remat",
 		"moe_mlp_swiglu=offload,moe_mlpwo=remat", "*=remat"}

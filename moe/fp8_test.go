@@ -39,6 +39,15 @@ func relErr(got, want []float32) float64 {
 	return math.Sqrt(d / n)
 }
 
+// sameRun fails t unless got is want bit for bit, naming what the two runs are in
+// legend ("-want +got").
+func sameRun(t *testing.T, legend string, want, got layerRun) {
+	t.Helper()
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
+		t.Errorf("%s:\n%s", legend, diff)
+	}
+}
+
 // withPrecision returns l with its layer's precision set to p.
 func withPrecision(l *refLayer, p Precision) *refLayer {
 	c := *l
@@ -341,9 +350,7 @@ func TestLayerBackwardTwice(t *testing.T) {
 func TestFP8GradOnePass(t *testing.T) {
 	same := func(t *testing.T, want, got layerRun) {
 		t.Helper()
-		if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
-			t.Errorf("one pass per gradient against one per GEMM (-two passes +one):\n%s", diff)
-		}
+		sameRun(t, "one pass per gradient against one per GEMM (-two passes +one)", want, got)
 	}
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		for i, tc := range fp8Cases {

@@ -77,18 +77,8 @@ func (e *experts) swigluGradSource(h, da *device.Tensor) rowsSource {
 		return quant.Source{
 			M: rows, K: F2, DType: dt, Inputs: inputs,
 			Fill: func(v []float32) {
-				hv, d := hostF32(h), hostF32(da)
 				n := min(usedRows(used, M), rows)
-				par.For(n, 64, func(lo, hi int) {
-					for r := lo; r < hi; r++ {
-						for f := range F {
-							g, u, dd := hv[r*F2+f], hv[r*F2+F+f], d[r*F+f]
-							ds, sv := siluGrad32(g)
-							v[r*F2+f] = dd * u * ds
-							v[r*F2+F+f] = dd * sv
-						}
-					}
-				})
+				swigluGradCPU(v, hostF32(h), hostF32(da), n, F)
 				clear(v[n*F2:])
 			},
 			Program: prog,

@@ -24,9 +24,7 @@ func TestKernelsCompileGradFP8(t *testing.T) { dt.CheckCompiles(t, gradMXProg, g
 func TestFP8FusedGrad(t *testing.T) {
 	same := func(t *testing.T, want, got layerRun) {
 		t.Helper()
-		if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
-			t.Errorf("operands quantized as computed against written then quantized (-unfused +fused):\n%s", diff)
-		}
+		sameRun(t, "operands quantized as computed against written then quantized (-unfused +fused)", want, got)
 	}
 	policies := []string{"moe_mlpwi=offload", "moe_mlpwi=remat", "*=remat"}
 	dt.Run(t, func(t *testing.T, d *device.Device) {

@@ -82,24 +82,30 @@ func swigluGrad(s *device.Stream, dh, h, da, used *device.Tensor) error {
 	}
 	if !s.Device().IsCUDA() {
 		return s.EnqueueCPU(func() {
-			hv, d, out := hostF32(h), hostF32(da), make([]float32, M*F2)
-			n := usedRows(used, M)
-			par.For(n, 64, func(lo, hi int) {
-				for r := lo; r < hi; r++ {
-					for f := range F {
-						g, u, dd := hv[r*F2+f], hv[r*F2+F+f], d[r*F+f]
-						ds, sv := siluGrad32(g)
-						out[r*F2+f] = dd * u * ds
-						out[r*F2+F+f] = dd * sv
-					}
-				}
-			})
+			out := make([]float32, M*F2)
+			swigluGradCPU(out, hostF32(h), hostF32(da), usedRows(used, M), F)
 			storeF32(dh, out)
 		})
 	}
 	v := vecWidth(dt, []int{F}, dh, h, da)
 	return launch(s, swigluProg, "dl_moe_swiglu_bwd_"+rowKernel(dt, v), device.D1(rowGrid(s, M)), device.D1(rowThreads(int64(F/v))), 0,
 		dh, h, da, used, int64(M), int64(F))
+}
+
+// swigluGradCPU writes into out the first n rows of dh = [da·up·silu'(gate) |
+// da·silu(gate)] of h[·,2F] and da[·,F] (as f32 values), in f32, in parallel.
+func swigluGradCPU(out, h, da []float32, n, F int) {
+	F2 := 2 * F
+	par.For(n, 64, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			for f := range F {
+				g, u, dd := h[r*F2+f], h[r*F2+F+f], da[r*F+f]
+				ds, sv := siluGrad32(g)
+				out[r*F2+f] = dd * u * ds
+				out[r*F2+F+f] = dd * sv
+			}
+		}
+	})
 }
 
 // sigmoid is 1/(1+exp(-g)) in f32 (exp in float64, rounded).

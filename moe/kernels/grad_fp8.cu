@@ -24,13 +24,6 @@
 #include "quant_blockwise.cuh"
 #endif
 
-// dl_load8 loads the 8 elements at p (16-byte aligned) as floats.
-template <typename E>
-__device__ __forceinline__ void dl_load8(const E *p, float f[8]) {
-#pragma unroll
-    for (int k = 0; k < 8; k += 16 / (int)sizeof(E)) dl_vec<E, 16 / (int)sizeof(E)>::load(p + k, f + k);
-}
-
 // DlSwigluGradSrc is the loader of dh[M, 2F] for h[M, 2F] and da[M, F] of E (u16: bf16,
 // or float); swigluGradLoader of moe/grad_fp8.go mirrors its fields. Its 16-byte loads
 // need F a multiple of 8 (8 columns from a multiple of 8 lie in one half).

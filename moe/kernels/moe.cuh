@@ -29,6 +29,13 @@ template <typename T, int V> struct dl_vec {
     }
 };
 
+// dl_load8 loads the 8 elements at p (16-byte aligned) as floats.
+template <typename E>
+__device__ __forceinline__ void dl_load8(const E *p, float f[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; k += 16 / (int)sizeof(E)) dl_vec<E, 16 / (int)sizeof(E)>::load(p + k, f + k);
+}
+
 template <> struct dl_vec<float, 4> {
     static __device__ __forceinline__ void load(const float *p, float *v) {
         float4 q = *(const float4 *)p;

@@ -17,13 +17,6 @@
 #include "quant_blockwise.cuh"
 #endif
 
-// dl_load8 loads the 8 elements at p (16-byte aligned) as floats.
-template <typename E>
-__device__ __forceinline__ void dl_load8(const E *p, float f[8]) {
-#pragma unroll
-    for (int k = 0; k < 8; k += 16 / (int)sizeof(E)) dl_vec<E, 16 / (int)sizeof(E)>::load(p + k, f + k);
-}
-
 // DlSwigluSrc is the loader of a[M, F] = SwiGLU(h) for h[M, 2F] of E (u16: bf16, or
 // float); swigluLoader of moe/swiglu_fp8.go mirrors its fields.
 template <typename E>
