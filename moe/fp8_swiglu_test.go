@@ -37,18 +37,7 @@ func TestFP8FusedSwiGLU(t *testing.T) {
 						t.Fatal("dw2 is all zeros")
 					}
 					same(t, want, runLayer(t, d, withPrecision(l, prec), tc.typ, tc.rtyp, gy))
-					for _, pol := range policies {
-						t.Run(pol, func(t *testing.T) {
-							o := dt.Must(offload.New(d, offload.Config{PoolBytes: 1 << 22, Policy: offload.MustParsePolicy(pol)}))
-							defer o.Close()
-							lo := *withPrecision(l, prec)
-							lo.cfg.Offload = o
-							got := runLayer(t, d, &lo, tc.typ, tc.rtyp, gy)
-							dt.NoErr(t, o.Synchronize())
-							got.stats, want.stats = Stats{}, Stats{}
-							same(t, want, got)
-						})
-					}
+					sameOffloaded(t, d, withPrecision(l, prec), tc, gy, want, policies, same)
 				})
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 	"github.com/dropless/dropless/gemm"
+	"github.com/dropless/dropless/offload"
 	"github.com/dropless/dropless/quant"
 )
 
@@ -45,6 +46,26 @@ func sameRun(t *testing.T, legend string, want, got layerRun) {
 	t.Helper()
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(layerRun{})); diff != "" {
 		t.Errorf("%s:\n%s", legend, diff)
+	}
+}
+
+// sameOffloaded runs l on d with tc's dtypes and gy once for each offload policy, as a
+// subtest, and checks each run against want with same (Stats aside).
+func sameOffloaded(t *testing.T, d *device.Device, l *refLayer, tc fp8Case, gy []float32, want layerRun, policies []string,
+	same func(t *testing.T, want, got layerRun)) {
+	t.Helper()
+	for _, pol := range policies {
+		t.Run(pol, func(t *testing.T) {
+			o := dt.Must(offload.New(d, offload.Config{PoolBytes: 1 << 22, Policy: offload.MustParsePolicy(pol)}))
+			defer o.Close()
+			lo := *l
+			lo.cfg.Offload = o
+			got := runLayer(t, d, &lo, tc.typ, tc.rtyp, gy)
+			dt.NoErr(t, o.Synchronize())
+			w := want
+			got.stats, w.stats = Stats{}, Stats{}
+			same(t, w, got)
+		})
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
-	"github.com/dropless/dropless/offload"
 )
 
 func TestKernelsCompileGradFP8(t *testing.T) { dt.CheckCompiles(t, gradMXProg, gradBwProg) }
@@ -47,19 +46,7 @@ func TestFP8FusedGrad(t *testing.T) {
 					two := withPrecision(l, prec)
 					two.gradTwoPass = true
 					same(t, want, runLayer(t, d, two, tc.typ, tc.rtyp, gy))
-					for _, pol := range policies {
-						t.Run(pol, func(t *testing.T) {
-							o := dt.Must(offload.New(d, offload.Config{PoolBytes: 1 << 22, Policy: offload.MustParsePolicy(pol)}))
-							defer o.Close()
-							lo := *withPrecision(l, prec)
-							lo.cfg.Offload = o
-							got := runLayer(t, d, &lo, tc.typ, tc.rtyp, gy)
-							dt.NoErr(t, o.Synchronize())
-							w := want
-							got.stats, w.stats = Stats{}, Stats{}
-							same(t, w, got)
-						})
-					}
+					sameOffloaded(t, d, withPrecision(l, prec), tc, gy, want, policies, same)
 				})
 			}
 		}
