@@ -96,7 +96,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	var dyp operand
 	var dw *device.Tensor
 	switch {
-	case c.EP == nil && fused&gradDyp != 0:
+	case fused&gradDyp != 0: // fused is empty with Config.EP
 		dw = tmp.Alloc(device.F32, T, K)
 		if err := tmp.Err(); err != nil {
 			return err

@@ -14,10 +14,10 @@ func TestKernelsCompileGradFP8(t *testing.T) { dt.CheckCompiles(t, gradMXProg, g
 // TestFP8FusedGrad checks that quantizing dyp, dh and the permuted x as they are
 // computed changes no result: the output and every gradient are bit for bit those of
 // the layer that writes them in the activations' dtype and quantizes them
-// (Layer.fusedGrad empty), on the cases of TestLayerFP8 (unused rows of a capacity layer, short
-// blocks, a skewed expert, no tokens, bf16 and f32), with all three fused or one, with
-// each incoming gradient
-// quantized by one pass or two (gradTwoPass: the sources read twice), and with h
+// (Layer.fusedGrad empty), on the cases of TestLayerFP8 (unused rows of a capacity
+// layer, short blocks, a skewed expert, no tokens, bf16 and f32), with the default
+// parts, all three or one fused, and with all three fused, with each incoming
+// gradient quantized by two passes (gradTwoPass: the sources read twice) and with h
 // offloaded or rebuilt, which the fused SwiGLU gradient reads after W1's input
 // gradient.
 func TestFP8FusedGrad(t *testing.T) {
@@ -32,21 +32,23 @@ func TestFP8FusedGrad(t *testing.T) {
 			for _, prec := range fp8Precisions {
 				t.Run(name(tc.name, "/", prec), func(t *testing.T) {
 					old := withPrecision(l, prec)
-					old.unfusedGrad = true
+					old.fusedGrad = 0
 					want := runLayer(t, d, old, tc.typ, tc.rtyp, gy)
 					if tc.T > 0 && (cmp.Equal(want.dw1, make([]float32, len(want.dw1))) || cmp.Equal(want.dx, make([]float32, len(want.dx)))) {
 						t.Fatal("dw1 or dx is all zeros")
 					}
 					same(t, want, runLayer(t, d, withPrecision(l, prec), tc.typ, tc.rtyp, gy))
-					for _, f := range []gradParts{gradDyp, gradDh, gradXp} {
-						one := withPrecision(l, prec)
+					all := withPrecision(l, prec)
+					all.fusedGrad = allGradParts
+					for _, f := range []gradParts{allGradParts, gradDyp, gradDh, gradXp} {
+						one := *all
 						one.fusedGrad = f
-						same(t, want, runLayer(t, d, one, tc.typ, tc.rtyp, gy))
+						same(t, want, runLayer(t, d, &one, tc.typ, tc.rtyp, gy))
 					}
-					two := withPrecision(l, prec)
+					two := *all
 					two.gradTwoPass = true
-					same(t, want, runLayer(t, d, two, tc.typ, tc.rtyp, gy))
-					sameOffloaded(t, d, withPrecision(l, prec), tc, gy, want, policies, same)
+					same(t, want, runLayer(t, d, &two, tc.typ, tc.rtyp, gy))
+					sameOffloaded(t, d, all, tc, gy, want, policies, same)
 				})
 			}
 		}

@@ -17,7 +17,7 @@ import (
 func newRef(r *rand.Rand, cfg Config, T int, withBias bool, typ, rtyp device.DType) *refLayer {
 	c := cfg
 	H, F, E, Fs := c.Hidden, c.FFN, c.Router.Experts, c.SharedFFN
-	l := &refLayer{cfg: c, T: T}
+	l := &refLayer{cfg: c, T: T, fusedGrad: defaultFusedGrad}
 	sh, sf := float32(1/math.Sqrt(float64(H))), float32(1/math.Sqrt(float64(F)))
 	l.wr = f64(randn(r, rtyp, E*H, sh))
 	if withBias {
@@ -110,12 +110,7 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	lay := dt.Must(NewLayer(c))
 	lay.gradTwoPass = l.gradTwoPass
 	lay.unfusedSwiGLU = l.unfusedSwiGLU
-	switch {
-	case l.unfusedGrad:
-		lay.fusedGrad = 0
-	case l.fusedGrad != 0:
-		lay.fusedGrad = l.fusedGrad
-	}
+	lay.fusedGrad = l.fusedGrad
 	defer lay.InvalidateWeights() // an FP8 layer's cached weights
 	var ts []*device.Tensor
 	defer func() { device.FreeAll(ts...) }()

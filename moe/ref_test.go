@@ -201,10 +201,8 @@ type refLayer struct {
 	gradTwoPass bool
 	// unfusedSwiGLU sets the Layer's unfusedSwiGLU in runLayer.
 	unfusedSwiGLU bool
-	// unfusedGrad clears the Layer's fusedGrad in runLayer; else fusedGrad, when not
-	// empty, sets it.
-	unfusedGrad bool
-	fusedGrad   gradParts
+	// fusedGrad sets the Layer's fusedGrad in runLayer (newRef: defaultFusedGrad).
+	fusedGrad gradParts
 	// backTwice makes runLayer run Backward a second time on the same activations, with
 	// Grads.W2Ready and W1Ready, and fail unless every gradient is the first's, bit for bit.
 	backTwice bool
