@@ -29,13 +29,6 @@ template <typename T, int V> struct dl_vec {
     }
 };
 
-// dl_load8 loads the 8 elements at p (16-byte aligned) as floats.
-template <typename E>
-__device__ __forceinline__ void dl_load8(const E *p, float f[8]) {
-#pragma unroll
-    for (int k = 0; k < 8; k += 16 / (int)sizeof(E)) dl_vec<E, 16 / (int)sizeof(E)>::load(p + k, f + k);
-}
-
 template <> struct dl_vec<float, 4> {
     static __device__ __forceinline__ void load(const float *p, float *v) {
         float4 q = *(const float4 *)p;
@@ -64,6 +57,14 @@ template <> struct dl_vec<u16, 8> {
         *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
     }
 };
+
+// dl_load8 loads the 8 elements at p (16-byte aligned) as floats, by the
+// 16-byte specializations of dl_vec above.
+template <typename E>
+__device__ __forceinline__ void dl_load8(const E *p, float f[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; k += 16 / (int)sizeof(E)) dl_vec<E, 16 / (int)sizeof(E)>::load(p + k, f + k);
+}
 
 // dl_sigmoid returns 1 / (1 + exp(-g)), the sum and the quotient rounded on their own
 // (no contraction with exp's last product), so that every kernel that includes this
