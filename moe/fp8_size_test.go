@@ -17,15 +17,7 @@ import (
 // 1024 -experts 16 -batch 8192 (groups of about 1024 rows) with an output gradient of a
 // mean loss's magnitude (2^-20). It needs a GPU.
 func TestLayerFP8AtSize(t *testing.T) {
-	var gpu *device.Device
-	for _, d := range dt.Devices(t) {
-		if d.IsCUDA() {
-			gpu = d
-		}
-	}
-	if gpu == nil {
-		t.Skip("no GPU: the test compares a GPU's layer with the CPU's")
-	}
+	gpu := dt.GPU(t)
 	for _, tc := range []struct {
 		name    string
 		T, F    int
@@ -39,43 +31,23 @@ func TestLayerFP8AtSize(t *testing.T) {
 			r := dt.Rand(1400)
 			l := newRef(r, cfg, tc.T, false, device.BF16, device.F32)
 			gy := randn(r, device.BF16, tc.T*cfg.Hidden, tc.gyScale)
-			runs := map[Precision]layerRun{}
+			var bf16 *layerRun
 			for _, prec := range []Precision{PrecisionBF16, PrecisionMXFP8, PrecisionBlockwise} {
 				t.Run(prec.String(), func(t *testing.T) {
 					lp := withPrecision(l, prec)
 					want := runLayer(t, device.CPU(), lp, device.BF16, device.F32, gy)
 					got := runLayer(t, gpu, lp, device.BF16, device.F32, gy)
-					runs[prec] = got
-					for _, v := range layerOutputs(got, want) {
-						e := relErr(v.got, v.want)
-						t.Logf("%s: relative error %.3g, GPU against CPU", v.name, e)
-						if !(e <= 2e-2) {
-							t.Errorf("%s: relative error %.4g of the GPU against the CPU, want ≤ 0.02", v.name, e)
-						}
-					}
-					if prec == PrecisionBF16 {
-						return
-					}
-					for _, v := range layerOutputs(got, runs[PrecisionBF16]) {
-						e := relErr(v.got, v.want)
-						t.Logf("%s: relative error %.3g against the bf16 layer", v.name, e)
-						if !(e <= 0.1) {
-							t.Errorf("%s: relative error %.4g against the bf16 layer, want ≤ 0.1", v.name, e)
-						}
+					closeRuns(t, "the CPU", got, want, 2e-2)
+					switch {
+					case prec == PrecisionBF16:
+						bf16 = &got
+					case bf16 == nil:
+						t.Error("no bf16 run to compare with")
+					default:
+						closeRuns(t, "the bf16 layer", got, *bf16, 0.1)
 					}
 				})
 			}
 		})
 	}
-}
-
-// layerOutputs pairs the output and the gradients of two runs, by name.
-func layerOutputs(got, want layerRun) []struct {
-	name      string
-	got, want []float32
-} {
-	return []struct {
-		name      string
-		got, want []float32
-	}{{"y", got.y, want.y}, {"dx", got.dx, want.dx}, {"dW1", got.dw1, want.dw1}, {"dW2", got.dw2, want.dw2}, {"dRouter", got.dwr, want.dwr}}
 }

@@ -40,6 +40,24 @@ func relErr(got, want []float32) float64 {
 	return math.Sqrt(d / n)
 }
 
+// closeRuns fails t unless the output and every gradient of the routed layer in got
+// (y, dx, drouter, dw1, dw2) are within tol of want's in relative Frobenius norm,
+// logging each error; against names what want is.
+func closeRuns(t *testing.T, against string, got, want layerRun, tol float64) {
+	t.Helper()
+	for _, r := range []struct {
+		what      string
+		got, want []float32
+	}{{"y", got.y, want.y}, {"dx", got.dx, want.dx}, {"drouter", got.dwr, want.dwr},
+		{"dw1", got.dw1, want.dw1}, {"dw2", got.dw2, want.dw2}} {
+		e := relErr(r.got, r.want)
+		t.Logf("%s: relative error %.3g against %s", r.what, e, against)
+		if !(e <= tol) {
+			t.Errorf("%s: relative error %.4g against %s, want ≤ %g", r.what, e, against, tol)
+		}
+	}
+}
+
 // sameRun fails t unless got is want bit for bit, naming what the two runs are in
 // legend ("-want +got").
 func sameRun(t *testing.T, legend string, want, got layerRun) {
@@ -176,32 +194,12 @@ func TestLayerFP8(t *testing.T) {
 					if diff := cmp.Diff(want.dsw2, got.dsw2); diff != "" {
 						t.Errorf("dshared_w2 (-bf16 +%v):\n%s", prec, diff)
 					}
-					bound := fp8Bound(prec)
-					for _, r := range []struct {
-						what      string
-						got, want []float32
-					}{{"y", got.y, want.y}, {"dx", got.dx, want.dx}, {"drouter", got.dwr, want.dwr},
-						{"dw1", got.dw1, want.dw1}, {"dw2", got.dw2, want.dw2}} {
-						e := relErr(r.got, r.want)
-						t.Logf("%s: relative error %.4f against bf16", r.what, e)
-						if !(e <= bound) {
-							t.Errorf("%s: relative error %.4g against the bf16 layer, want ≤ %g", r.what, e, bound)
-						}
-					}
+					closeRuns(t, "the bf16 layer", got, want, fp8Bound(prec))
 					if !d.IsCUDA() {
 						return
 					}
 					// The GPU against the CPU: the same quantizations, sums in another order.
-					ct := p.cpu[prec]
-					for _, r := range []struct {
-						what      string
-						got, want []float32
-					}{{"y", got.y, ct.y}, {"dx", got.dx, ct.dx}, {"drouter", got.dwr, ct.dwr},
-						{"dw1", got.dw1, ct.dw1}, {"dw2", got.dw2, ct.dw2}} {
-						if e := relErr(r.got, r.want); !(e <= 2e-2) {
-							t.Errorf("%s: relative error %.4g against the CPU's FP8 layer, want ≤ 0.02", r.what, e)
-						}
-					}
+					closeRuns(t, "the CPU's FP8 layer", got, p.cpu[prec], 2e-2)
 				})
 			}
 		}
