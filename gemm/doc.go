@@ -156,9 +156,19 @@
 // determinism are as for the bf16 forms.
 //
 // On the CPU the operands are dequantized exactly (decode(q)·2^(e−127) is exact in f32) as
-// package quant does and the f32 CPU path runs on them: the reference of the GPU. On a GPU
-// the portable path of the blockwise forms runs: the operands are dequantized into bf16
-// temporaries (exactly, E4M3 and E5M2 values times a power of two being bf16 numbers, but
-// for values below bf16's normal range) and the bf16 form runs on them. The Hopper FP8
-// kernels do not yet take MXFP8 operands.
+// package quant does and the f32 CPU path runs on them: the reference of the GPU. On an
+// H100 or H200, where K and N are multiples of 16 and the tensors 16-byte aligned, a call
+// runs one of two ways, chosen per call from its shape: the Hopper MXFP8 kernels (FP8
+// tensor cores, each 32-element block's partial sums scaled and summed in f32 on the CUDA
+// cores, which bounds them at about 350 TFLOP/s), or its operands dequantized into bf16
+// temporaries and the Hopper bf16 kernels (about 600 TFLOP/s on the DeepSeek-V3 and
+// Mixtral shapes, every weight gradient at 1.8–2.6× the MXFP8 kernels). Dequantizing is
+// exact (E4M3 and E5M2 values times a power of two are bf16 numbers, but for values past
+// bf16's normal range at the scales' extremes), so both ways sum the same exact products
+// in f32. The choice estimates the dequantization's bytes against the product's FLOPs:
+// calls bound by reading the weights (few rows a group) keep the MXFP8 kernels. The bf16
+// way needs temporaries of the bf16 operands: 2·M·K + 2·G·K·N bytes for the forward (K
+// and N swapped for the input gradient), 2·M·(K+N) for the weight gradient.
+// DROPLESS_MXFP8_PATH=wgmma or bf16 forces one way, for comparisons. Other GPUs take the
+// bf16 way with their bf16 kernels.
 package gemm

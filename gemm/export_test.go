@@ -25,3 +25,20 @@ func FailPadAlloc(fn func(i int) error) (restore func()) {
 // HopperKernels reports whether bf16 calls on d run the Hopper kernels, directly or
 // through padded copies, where their shapes allow.
 func HopperKernels(d *device.Device) bool { return !forceMMA && hopper.Supported(d) == nil }
+
+// SetMXFP8Path makes MXFP8 calls that the Hopper MXFP8 kernels take run on those kernels
+// ("wgmma"), on their operands dequantized to bf16 ("bf16") or as the estimate chooses
+// (""), as DROPLESS_MXFP8_PATH does, and returns the function that restores the choice.
+func SetMXFP8Path(p string) (restore func()) {
+	old := mxPath
+	mxPath = mxPathFromEnv(p)
+	return func() { mxPath = old }
+}
+
+// MXFP8Vector turns the vector kernels that dequantize MXFP8 operands into bf16 on or off
+// (then the element kernels do) and returns the function that restores them.
+func MXFP8Vector(on bool) (restore func()) {
+	old := mxNoVector
+	mxNoVector = !on
+	return func() { mxNoVector = old }
+}

@@ -119,7 +119,7 @@ func (bc *blockCall) portable(s *device.Stream) error {
 		if c.f == inputGrad {
 			w = bc.w.NMajor // w_g [K][N], layout KN
 		}
-		return c.gpuDequantized(s, false,
+		return c.gpuDequantized(s, false, true,
 			func(t, _ *device.Tensor) error {
 				return dequantRowsGPU(s, t, bc.a.Row, bc.a.RowScale, quant.BlockSize, int64(bc.a.RowScale.Dim(1)), 1, nil, 0)
 			},
@@ -130,7 +130,7 @@ func (bc *blockCall) portable(s *device.Stream) error {
 			return dequantColTGPU(s, t, q.ColT, q.ColTScale, quant.BlockSize, int64(q.K), plan, c.G)
 		}
 	}
-	return c.gpuDequantized(s, true, colT(bc.a), colT(bc.b))
+	return c.gpuDequantized(s, true, true, colT(bc.a), colT(bc.b))
 }
 
 // gpuDequantized runs c, the call an FP8 form runs as, on any GPU: a and b dequantize its
@@ -138,9 +138,9 @@ func (bc *blockCall) portable(s *device.Stream) error {
 // form runs on them (correct everywhere, slow: the operands are written and read again in
 // bf16). With withPlan, a and b get the gemm plan of the sizes with 128-row tiles and one
 // column tile, which gives the groups' row offsets and first 128-row tiles (else nil).
-// The weight gradient's temporaries are zeroed first, so that rows no group owns are
-// zeros.
-func (c *call) gpuDequantized(s *device.Stream, withPlan bool, a, b func(t, plan *device.Tensor) error) error {
+// With fill, the weight gradient's temporaries are zeroed first, so that rows no group
+// owns are zeros (without it a and b see to that).
+func (c *call) gpuDequantized(s *device.Stream, withPlan, fill bool, a, b func(t, plan *device.Tensor) error) error {
 	ts := device.NewTemps(s)
 	defer ts.Free()
 	inner := *c
@@ -163,7 +163,7 @@ func (c *call) gpuDequantized(s *device.Stream, withPlan bool, a, b func(t, plan
 		write func(t, plan *device.Tensor) error
 	}{{inner.a, a}, {inner.b, b}} {
 		var err error
-		if c.f == weightGrad {
+		if fill && c.f == weightGrad {
 			err = device.Fill(s, op.t, 0)
 		}
 		if err == nil {

@@ -1,6 +1,8 @@
 package gemm
 
 import (
+	"os"
+
 	"github.com/dropless/dropless/device"
 	"github.com/dropless/dropless/gemm/internal/hopper"
 	"github.com/dropless/dropless/quant"
@@ -14,9 +16,72 @@ func (mc *mxCall) gpu(s *device.Stream) error {
 		return err
 	}
 	if mc.hopperOK(d) {
+		if mc.viaBF16() {
+			return mc.portable(s)
+		}
 		return mc.hopper(s)
 	}
 	return mc.portable(s)
+}
+
+// mxPath chooses how a call that the Hopper MXFP8 kernels take runs: mxAuto by the
+// estimate of viaBF16, mxWGMMA always on those kernels, mxBF16 always on the operands
+// dequantized to bf16 (DROPLESS_MXFP8_PATH=wgmma or bf16, read once when the package is
+// initialized, for comparisons; tests may set it).
+var mxPath = mxPathFromEnv(os.Getenv("DROPLESS_MXFP8_PATH"))
+
+const (
+	mxAuto = iota
+	mxWGMMA
+	mxBF16
+)
+
+func mxPathFromEnv(v string) int {
+	switch v {
+	case "wgmma":
+		return mxWGMMA
+	case "bf16":
+		return mxBF16
+	}
+	return mxAuto
+}
+
+// Rates of the H200 that viaBF16's estimate takes (see docs/perf.md): the MXFP8 wgmma
+// kernels' TFLOP/s (each 32-element block's partial sums promoted on the CUDA cores, two
+// instructions an element, bound them), the bf16 Hopper kernels' and the bytes a second
+// that the vector dequantization kernels move.
+const (
+	mxWGMMARate   = 340e12
+	mxBF16Rate    = 650e12
+	mxDequantRate = 3.0e12
+)
+
+// viaBF16 reports whether the call, which the Hopper MXFP8 kernels take, runs on its
+// operands dequantized exactly into bf16 and the Hopper bf16 kernels instead: whether
+// the estimated time of that, the dequantization (one byte read and two written for each
+// code of both operands) and the bf16 product, is below the MXFP8 kernels' time for the
+// product. That holds where the operands are small beside the FLOPs: every weight
+// gradient and the forms of many rows a group, as in the DeepSeek-V3 and Mixtral shapes;
+// calls bound by reading the weights (few rows a group) stay on the MXFP8 kernels. The
+// results are the same to within the f32 summation order (both sum exact products in f32).
+func (mc *mxCall) viaBF16() bool {
+	switch mxPath {
+	case mxWGMMA:
+		return false
+	case mxBF16:
+		return true
+	}
+	c := mc.c
+	M, K, N, G := float64(c.M), float64(c.K), float64(c.N), float64(c.G)
+	flops := 2 * M * K * N
+	codes := M*K + G*K*N // forward: x and w
+	switch c.f {
+	case inputGrad:
+		codes = M*N + G*K*N
+	case weightGrad:
+		codes = M * (K + N)
+	}
+	return flops/mxBF16Rate+3*codes/mxDequantRate < flops/mxWGMMARate
 }
 
 // operands returns the quantized tensors the call reads.
@@ -63,9 +128,10 @@ func (mc *mxCall) hopper(s *device.Stream) error {
 
 // portable runs the call on any GPU: the operands dequantized into bf16 (rows in their own
 // layout, grouped or not; columnwise forms into the rows the groups own), then the bf16
-// form.
+// form. Where the shapes allow (mxVector) the vector kernels dequantize.
 func (mc *mxCall) portable(s *device.Stream) error {
 	c := mc.c
+	vec := mc.vector()
 	switch c.f {
 	case forward, inputGrad:
 		w, scale := mc.w.KMajor, mc.w.KScale // forward: w_g [N][K], layout NK
@@ -73,19 +139,40 @@ func (mc *mxCall) portable(s *device.Stream) error {
 			w, scale = mc.w.NMajor, mc.w.NScale // w_g [K][N], layout KN
 		}
 		x := mc.a
-		return c.gpuDequantized(s, x.Groups > 0,
+		return c.gpuDequantized(s, x.Groups > 0, !vec,
 			func(t, plan *device.Tensor) error {
+				if vec {
+					return dequantMXRowsGPU(s, t, x.Row, x.RowScale, plan, c.G)
+				}
 				return dequantRowsGPU(s, t, x.Row, x.RowScale, mxBlock, 1, int64(x.RowScale.Dim(1)), plan, c.G)
 			},
-			func(t, _ *device.Tensor) error { return dequantMXWeightsGPU(s, t, w, scale) })
+			func(t, _ *device.Tensor) error {
+				if vec {
+					return dequantMXWeightsVec(s, t, w, scale)
+				}
+				return dequantMXWeightsGPU(s, t, w, scale)
+			})
 	}
 	colT := func(q *quant.MXFP8) func(t, plan *device.Tensor) error {
 		return func(t, plan *device.Tensor) error {
+			if vec {
+				return dequantMXColTGPU(s, t, q.ColT, q.ColScale, plan, c.G)
+			}
 			return dequantColTGPU(s, t, q.ColT, q.ColScale, mxBlock, int64(q.ColScale.Dim(1)), plan, c.G)
 		}
 	}
-	return c.gpuDequantized(s, true, colT(mc.a), colT(mc.b))
+	return c.gpuDequantized(s, true, !vec, colT(mc.a), colT(mc.b))
 }
+
+// vector reports whether the vector dequantization kernels take the call's operands:
+// K and N multiples of 16 and the codes 16-byte aligned (the temporaries are).
+func (mc *mxCall) vector() bool {
+	return !mxNoVector && mc.c.K%16 == 0 && mc.c.N%16 == 0 && device.Aligned(16, mc.operands()...)
+}
+
+// mxNoVector turns the vector dequantization kernels off, for tests that compare them
+// with the element kernels.
+var mxNoVector bool
 
 // dequantMXWeightsGPU writes t, one orientation of MXFP8 weights ([G, R, C], blocks along
 // C) with its E8M0 scales [G, ceil(C/128), R, 4], into out (BF16, t's shape).
@@ -98,4 +185,58 @@ func dequantMXWeightsGPU(s *device.Stream, out, t, scale *device.Tensor) error {
 		return err
 	}
 	return k.Launch(s, gridFor(out.Len()), device.D1(256), 0, t, scale, out, int64(t.Dim(0)), int64(t.Dim(1)), int64(t.Dim(2)), isE5M2(t))
+}
+
+// dequantMXWeightsVec is dequantMXWeightsGPU on the vector kernel (C a multiple of 16,
+// t 16-byte aligned).
+func dequantMXWeightsVec(s *device.Stream, out, t, scale *device.Tensor) error {
+	G, R, C := int64(t.Dim(0)), int64(t.Dim(1)), int64(t.Dim(2))
+	return mxRowsVec(s, out, t, scale, G*R, C, R, int64(ceilDiv(int(C), 128))*R*4, 4, 4*R, nil, 0)
+}
+
+// dequantMXRowsGPU writes the rowwise form q [M, K] (K a multiple of 16, q 16-byte
+// aligned) with its E8M0 scales [rows, ms] into out (BF16 [M, K]) on the vector kernel,
+// as dequantRowsGPU does with blocks of 32 (with a plan, for q quantized in G groups).
+func dequantMXRowsGPU(s *device.Stream, out, q, scale, plan *device.Tensor, G int) error {
+	M := int64(q.Dim(0))
+	return mxRowsVec(s, out, q, scale, M, int64(q.Dim(1)), M, 0, int64(scale.Dim(1)), 4, plan, G)
+}
+
+// mxRowsVec launches dl_mx_dequant_rows16 (kernels/fp8.cu) on rows of C codes, one row a
+// block.
+func mxRowsVec(s *device.Stream, out, q, scale *device.Tensor, rows, C, R, gstride, rstride, s4 int64, plan *device.Tensor, G int) error {
+	if out.Len() == 0 {
+		return nil
+	}
+	k, err := s.Device().Kernel(fp8Program, "dl_mx_dequant_rows16")
+	if err != nil {
+		return err
+	}
+	return k.Launch(s, device.D1(int(min(rows, 1<<20))), device.D1(128), 0, q, scale, out, rows, C, R, gstride, rstride, s4,
+		plan, int32(G), isE5M2(q))
+}
+
+// dequantMXColTGPU writes the transposed columnwise form colt [K, mp] (K a multiple of
+// 16, colt 16-byte aligned) with its E8M0 scales [mp/32, ld] into the rows the groups own
+// of out (BF16 [M, K]) and zeros into the rows past them, as dequantColTGPU does with
+// blocks of 32 and a zeroed out.
+func dequantMXColTGPU(s *device.Stream, out, colt, scale, plan *device.Tensor, G int) error {
+	if out.Len() == 0 {
+		return nil
+	}
+	d := s.Device()
+	k, err := d.Kernel(fp8Program, "dl_mx_dequant_colt16")
+	if err != nil {
+		return err
+	}
+	z, err := d.Kernel(fp8Program, "dl_mx_zero_tail")
+	if err != nil {
+		return err
+	}
+	K, mp := colt.Dim(0), colt.Dim(1)
+	grid := device.Dim3{X: ceilDiv(mp, 64), Y: ceilDiv(K, 64), Z: 1}
+	if err := k.Launch(s, grid, device.D1(256), 0, colt, scale, out, plan, int32(G), int64(K), int64(mp), int64(scale.Dim(1)), isE5M2(colt)); err != nil {
+		return err
+	}
+	return z.Launch(s, gridFor(out.Len()/8), device.D1(256), 0, out, plan, int32(G), int64(out.Dim(0)), int64(K))
 }
