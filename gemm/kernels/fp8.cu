@@ -26,6 +26,21 @@ __device__ __forceinline__ int dl_fp8_last_le(const int *a, int n, i64 v) {
     return lo;
 }
 
+// dl_fp8_colt_group finds, for the token columns from p0 (within one 128-token tile) of a
+// columnwise form, the group g that owns their tile, its size and i0, the first column's
+// token within g; false when the plan is not valid or the columns are past every group's
+// tiles. g is the largest group with tp[g] <= p0/128 (it has tiles, as tp[g+1] > p0/128).
+__device__ __forceinline__ bool dl_fp8_colt_group(const int *plan, int G, i64 p0, int *g, int *size, i64 *i0) {
+    if (!plan[0]) return false;
+    const int *off = plan + 4, *tp = plan + 5 + G;
+    const int t = (int)(p0 / 128);
+    if (t >= tp[G]) return false;
+    *g = dl_fp8_last_le(tp, G, t);
+    *size = off[*g + 1] - off[*g];
+    *i0 = p0 - (i64)tp[*g] * 128;
+    return true;
+}
+
 // Plans, where a kernel takes one, are the gemm plan of the sizes with 128-row tiles and
 // one column tile (kernels/gemm.cu): plan[0] valid, the groups' row offsets off[0..G] at
 // plan[4] and their first 128-row tiles tp[0..G] at plan[5+G].
@@ -88,15 +103,11 @@ extern "C" __global__ void dl_fp8_dequant_colt(const u8 *__restrict__ colt, cons
                                                const int *__restrict__ plan, int G, i64 K, i64 mp, int blk, i64 ld, int e8m0,
                                                int e5m2) {
     __shared__ float tile[32][33];
-    if (!plan[0]) return;
-    const int *off = plan + 4, *tp = plan + 5 + G;
     const i64 p0 = (i64)blockIdx.x * 32, k0 = (i64)blockIdx.y * 32;
-    const int t = (int)(p0 / 128);
-    if (t >= tp[G]) return;
-    // The group owning token block t: the largest g with tp[g] <= t (it has blocks, as
-    // tp[g+1] > t).
-    const int g = dl_fp8_last_le(tp, G, t), size = off[g + 1] - off[g];
-    const i64 i0 = p0 - (i64)tp[g] * 128; // the tile's first token within its group
+    int g, size;
+    i64 i0;
+    if (!dl_fp8_colt_group(plan, G, p0, &g, &size, &i0)) return;
+    const int *off = plan + 4;
     for (int j = threadIdx.y; j < 32; j += 8) {
         const i64 k = k0 + j, p = p0 + threadIdx.x;
         tile[j][threadIdx.x] = k < K ? dl_fp8_value(colt[k * mp + p], e5m2) * dl_fp8_scale(scale, (p / blk) * ld + k, e8m0) : 0.f;
@@ -194,14 +205,11 @@ extern "C" __global__ void __launch_bounds__(256) dl_mx_dequant_colt16(const u8 
                                                                        u16 *__restrict__ out, const int *__restrict__ plan, int G,
                                                                        i64 K, i64 mp, i64 ld, int e5m2) {
     __shared__ __align__(16) u16 tile[64][72]; // [token][feature], rows of 144 bytes
-    if (!plan[0]) return;
-    const int *off = plan + 4, *tp = plan + 5 + G;
     const i64 p0 = (i64)blockIdx.x * 64, k0 = (i64)blockIdx.y * 64;
-    const int t = (int)(p0 / 128);
-    if (t >= tp[G]) return;
-    const int g = dl_fp8_last_le(tp, G, t), size = off[g + 1] - off[g];
-    const i64 i0 = p0 - (i64)tp[g] * 128; // the tile's first token within its group
-    if (i0 >= size) return;
+    int g, size;
+    i64 i0;
+    if (!dl_fp8_colt_group(plan, G, p0, &g, &size, &i0) || i0 >= size) return;
+    const int *off = plan + 4;
     {
         const int kr = threadIdx.x >> 2, c = threadIdx.x & 3;
         const i64 k = k0 + kr, p = p0 + 16 * c;
