@@ -3,6 +3,7 @@
 //   - fixed-width integer names;
 //   - the full-warp mask and warp and block reductions in a fixed order, so that
 //     sums are deterministic;
+//   - DL_FP8_CVT, whether the GPU converts FP8 codes in pairs with cvt;
 //   - dl_status_set, the one way a kernel records an error found on the device in
 //     a device.Status (Go: device/status.go).
 //
@@ -22,6 +23,16 @@ typedef long long i64;
 typedef unsigned long long u64;
 
 #define DL_FULL 0xffffffffu
+
+// DL_FP8_CVT is 1 in device code for GPUs whose cvt converts pairs of f32 or f16 values
+// to and from pairs of E4M3 or E5M2 codes: sm_90 and newer, and sm_89 with CUDA 12.1 or
+// newer (older compilers reject those forms below sm_90); else 0, and kernels take the
+// bit-exact software conversions of dtype.cuh.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900 || (__CUDA_ARCH__ >= 890 && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))))
+#define DL_FP8_CVT 1
+#else
+#define DL_FP8_CVT 0
+#endif
 
 // dl_warp_sum returns the sum of v over the warp to every lane (butterfly order).
 __device__ __forceinline__ float dl_warp_sum(float v) {

@@ -122,15 +122,15 @@ extern "C" __global__ void dl_fp8_dequant_colt(const u8 *__restrict__ colt, cons
 // The vector kernels below dequantize MXFP8 operands whose rows are multiples of 16 codes
 // with 16-byte aligned codes and outputs (the shapes the Hopper kernels take): a thread
 // decodes 16 codes of one 32-element block, which share one scale, from one 16-byte load
-// into two 16-byte stores. On sm_89 and newer the codes are converted two at a time by
-// cvt (exact: every E4M3 and E5M2 value is an f16), the products rounded to bf16 two at
-// a time (exact but at the ends of bf16's range, as in the element kernels above, whose
-// results they are bit for bit).
+// into two 16-byte stores. Where the GPU has it (DL_FP8_CVT) cvt converts the codes two at
+// a time (exact: every E4M3 and E5M2 value is an f16) and rounds the products to bf16 two
+// at a time (exact but at the ends of bf16's range, as in the element kernels above,
+// whose results they are bit for bit).
 
 // dl_mx_dec2 returns codes c (two, in the low 16 bits) times s as two bf16 in one word,
 // the first code in the low half.
 __device__ __forceinline__ unsigned dl_mx_dec2(unsigned c, float s, int e5m2) {
-#if __CUDA_ARCH__ >= 890
+#if DL_FP8_CVT
     unsigned h;
     const unsigned short c2 = (unsigned short)c;
     if (e5m2) asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(c2));

@@ -26,7 +26,7 @@
 #include "quant_source.cuh"
 
 // DL_BW_HW_CVT selects the element conversion: 1 (the default) uses the instruction
-// cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 of sm_89 and later, 0 dl_f32_to_e4m3 /
+// cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 where the GPU has it (DL_FP8_CVT), 0 dl_f32_to_e4m3 /
 // dl_f32_to_e5m2 of dtype.cuh. Both round to nearest even, saturate to +-max (infinities
 // included) and keep the sign of zero; their operand is the result of an arithmetic
 // instruction, so a NaN is the canonical 0x7FFFFFFF, which both turn into 0x7F.
@@ -45,7 +45,7 @@
 template <int FMT>
 __device__ __forceinline__ u32 dl_bw_pack2(float a, float b)
 {
-#if DL_BW_HW_CVT && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+#if DL_BW_HW_CVT && DL_FP8_CVT
     unsigned short h;
     // The first source operand lands in the upper byte.
     if (FMT == DL_BW_E5M2) {

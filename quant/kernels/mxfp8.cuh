@@ -22,7 +22,7 @@
 #include "quant_source.cuh"
 
 // DL_MX_HW_CVT selects the element conversion: 1 (the default) uses the instruction
-// cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 of sm_89 and later, 0 the branch-free software
+// cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 where the GPU has it (DL_FP8_CVT), 0 the branch-free software
 // conversion below, bit-identical to dl_f32_to_e4m3 / dl_f32_to_e5m2 of dtype.cuh (and
 // so to Go's device.E4M3FromFloat32 / E5M2FromFloat32). Both round to nearest even,
 // saturate finite and infinite values to +-max and keep the sign of zero. The operand
@@ -70,7 +70,7 @@ __device__ __forceinline__ u32 dl_mx_sw_e5m2(float x)
 template <int FMT>
 __device__ __forceinline__ u32 dl_mx_cvt2(float lo, float hi)
 {
-#if DL_MX_HW_CVT && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+#if DL_MX_HW_CVT && DL_FP8_CVT
     unsigned short r;
     // cvt d, a, b puts a in the upper byte of d and b in the lower.
     if (FMT == DL_MX_E5M2) {
