@@ -42,3 +42,15 @@ func MXFP8Vector(on bool) (restore func()) {
 	mxNoVector = !on
 	return func() { mxNoVector = old }
 }
+
+// FailDequantAlloc sets dequantAllocFault for a test: fn is called after the FP8 forms'
+// bf16 temporaries are allocated, and an error it returns stands for theirs. It returns
+// the function that restores the hook.
+func FailDequantAlloc(fn func() error) (restore func()) {
+	old := dequantAllocFault
+	dequantAllocFault = fn
+	return func() { dequantAllocFault = old }
+}
+
+// FP8HopperKernels reports whether FP8 calls on d can run the Hopper FP8 kernels.
+func FP8HopperKernels(d *device.Device) bool { return !forceMMA && hopper.BlockwiseSupported(d) == nil }

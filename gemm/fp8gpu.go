@@ -2,6 +2,7 @@ package gemm
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 
 	"github.com/dropless/dropless/device"
@@ -133,6 +134,15 @@ func (bc *blockCall) portable(s *device.Stream) error {
 	return c.gpuDequantized(s, true, true, colT(bc.a), colT(bc.b))
 }
 
+// errDequantTemps is wrapped, with the device's error, by gpuDequantized's error when its
+// temporaries do not fit in the device's memory: nothing has been enqueued then, so a
+// caller may run the call another way.
+var errDequantTemps = errors.New("no memory for the bf16 temporaries of the dequantized operands")
+
+// dequantAllocFault, when not nil, is called after gpuDequantized allocates its
+// temporaries; an error it returns stands for theirs. Tests set it to reach the fallback.
+var dequantAllocFault func() error
+
 // gpuDequantized runs c, the call an FP8 form runs as, on any GPU: a and b dequantize its
 // operands A and B into bf16 temporaries of their shapes (operandShapes), then the bf16
 // form runs on them (correct everywhere, slow: the operands are written and read again in
@@ -147,7 +157,14 @@ func (c *call) gpuDequantized(s *device.Stream, withPlan, fill bool, a, b func(t
 	aShape, bShape := c.operandShapes()
 	inner.a = ts.Alloc(device.BF16, aShape...)
 	inner.b = ts.Alloc(device.BF16, bShape...)
-	if err := ts.Err(); err != nil {
+	err := ts.Err()
+	if err == nil && dequantAllocFault != nil {
+		err = dequantAllocFault()
+	}
+	if err != nil {
+		if device.IsOutOfMemory(err) {
+			err = fmt.Errorf("%w: %w", errDequantTemps, err)
+		}
 		return fmt.Errorf("gemm: %v: %w", c.op, err)
 	}
 	var plan *device.Tensor

@@ -1,6 +1,7 @@
 package gemm
 
 import (
+	"errors"
 	"os"
 
 	"github.com/dropless/dropless/device"
@@ -17,7 +18,11 @@ func (mc *mxCall) gpu(s *device.Stream) error {
 	}
 	if mc.hopperOK(d) {
 		if mc.viaBF16() {
-			return mc.portable(s)
+			err := mc.portable(s)
+			if mxPath == mxAuto && errors.Is(err, errDequantTemps) {
+				return mc.hopper(s) // the MXFP8 kernels need no temporaries
+			}
+			return err
 		}
 		return mc.hopper(s)
 	}
@@ -64,6 +69,8 @@ const (
 // gradient and the forms of many rows a group, as in the DeepSeek-V3 and Mixtral shapes;
 // calls bound by reading the weights (few rows a group) stay on the MXFP8 kernels. The
 // results are the same to within the f32 summation order (both sum exact products in f32).
+// Where the bf16 temporaries do not fit in the device's memory, the call runs on the
+// MXFP8 kernels after all (gpu).
 func (mc *mxCall) viaBF16() bool {
 	switch mxPath {
 	case mxWGMMA:

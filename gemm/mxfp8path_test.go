@@ -1,6 +1,7 @@
 package gemm_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/dropless/dropless/device"
@@ -61,5 +62,40 @@ func TestMXFP8VectorKernels(t *testing.T) {
 			ref, abs := o.reference()
 			o.check(t, vec, ref, abs, o.tol(d))
 		}
+	}
+}
+
+// TestMXFP8DequantOutOfMemory: where the bf16 temporaries of the dequantized operands do
+// not fit, a call that the estimate sends through bf16 runs on the MXFP8 kernels instead,
+// with their bytes; forced onto the bf16 path it returns the out-of-memory error, naming
+// the form, with its output untouched.
+func TestMXFP8DequantOutOfMemory(t *testing.T) {
+	d := dt.GPU(t)
+	if !gemm.FP8HopperKernels(d) {
+		t.Skip("needs the Hopper FP8 kernels")
+	}
+	s := d.Stream()
+	_, oom := device.CPU().Stream().Alloc(device.F32, 1<<50)
+	if !device.IsOutOfMemory(oom) {
+		t.Fatalf("Alloc of 4 PiB on the CPU: %v, want an out-of-memory error", oom)
+	}
+	calls := 0
+	defer gemm.FailDequantAlloc(func() error { calls++; return oom })()
+	// A weight gradient of K = N = 1024, which the estimate runs through bf16.
+	o := newBop(mxFam, 1400, shape{"wide", 3, 300, 1024, 1024, "skewed"}, wgrad, gemm.KN, device.F32, e4m3F32, e4m3Pow2, false)
+	restore := gemm.SetMXFP8Path("wgmma")
+	want := o.run(t, s, nil, false)
+	restore()
+	got := o.run(t, s, nil, false)
+	if calls != 1 {
+		t.Fatalf("the call allocated bf16 temporaries %d times, want 1 (the estimate's bf16 path)", calls)
+	}
+	if string(got.out) != string(want.out) {
+		t.Fatalf("%v: without memory for the temporaries the call gives other bytes than the MXFP8 kernels", o)
+	}
+	defer gemm.SetMXFP8Path("bf16")()
+	err := o.runErr(t, s, nil)
+	if prefix := "gemm: " + mxFam.op(wgrad) + ": "; err == nil || !device.IsOutOfMemory(err) || !strings.HasPrefix(err.Error(), prefix) {
+		t.Fatalf("forced through bf16 without memory: error %v, want an out-of-memory error starting %q", err, prefix)
 	}
 }
