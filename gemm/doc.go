@@ -168,7 +168,8 @@
 // in f32. The choice estimates the dequantization's bytes against the product's FLOPs:
 // calls bound by reading the weights (few rows a group) keep the MXFP8 kernels. The bf16
 // way needs temporaries of the bf16 operands: 2·M·K + 2·G·K·N bytes for the forward (K
-// and N swapped for the input gradient), 2·M·(K+N) for the weight gradient.
+// and N swapped for the input gradient), 2·M·(K+N) for the weight gradient; where they do
+// not fit in the device's memory the call runs on the MXFP8 kernels.
 // DROPLESS_MXFP8_PATH=wgmma or bf16 forces one way, for comparisons. Other GPUs take the
 // bf16 way with their bf16 kernels.
 package gemm
