@@ -135,7 +135,7 @@ func (mc *mxCall) hopper(s *device.Stream) error {
 
 // portable runs the call on any GPU: the operands dequantized into bf16 (rows in their own
 // layout, grouped or not; columnwise forms into the rows the groups own), then the bf16
-// form. Where the shapes allow (mxVector) the vector kernels dequantize.
+// form. Where the shapes allow (vector) the vector kernels dequantize.
 func (mc *mxCall) portable(s *device.Stream) error {
 	c := mc.c
 	vec := mc.vector()
@@ -146,25 +146,21 @@ func (mc *mxCall) portable(s *device.Stream) error {
 			w, scale = mc.w.NMajor, mc.w.NScale // w_g [K][N], layout KN
 		}
 		x := mc.a
-		return c.gpuDequantized(s, x.Groups > 0, !vec,
-			func(t, plan *device.Tensor) error {
-				if vec {
-					return dequantMXRowsGPU(s, t, x.Row, x.RowScale, plan, c.G)
-				}
-				return dequantRowsGPU(s, t, x.Row, x.RowScale, mxBlock, 1, int64(x.RowScale.Dim(1)), plan, c.G)
-			},
-			func(t, _ *device.Tensor) error {
-				if vec {
-					return dequantMXWeightsVec(s, t, w, scale)
-				}
-				return dequantMXWeightsGPU(s, t, w, scale)
-			})
+		rows := func(t, plan *device.Tensor) error {
+			return dequantRowsGPU(s, t, x.Row, x.RowScale, mxBlock, 1, int64(x.RowScale.Dim(1)), plan, c.G)
+		}
+		weights := func(t, _ *device.Tensor) error { return dequantMXWeightsGPU(s, t, w, scale) }
+		if vec {
+			rows = func(t, plan *device.Tensor) error { return dequantMXRowsGPU(s, t, x.Row, x.RowScale, plan, c.G) }
+			weights = func(t, _ *device.Tensor) error { return dequantMXWeightsVec(s, t, w, scale) }
+		}
+		return c.gpuDequantized(s, x.Groups > 0, !vec, rows, weights)
 	}
 	colT := func(q *quant.MXFP8) func(t, plan *device.Tensor) error {
+		if vec {
+			return func(t, plan *device.Tensor) error { return dequantMXColTGPU(s, t, q.ColT, q.ColScale, plan, c.G) }
+		}
 		return func(t, plan *device.Tensor) error {
-			if vec {
-				return dequantMXColTGPU(s, t, q.ColT, q.ColScale, plan, c.G)
-			}
 			return dequantColTGPU(s, t, q.ColT, q.ColScale, mxBlock, int64(q.ColScale.Dim(1)), plan, c.G)
 		}
 	}
