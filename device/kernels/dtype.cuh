@@ -22,6 +22,19 @@ __device__ __forceinline__ unsigned short dl_f32_to_bf16(float x)
     return (unsigned short)(b >> 16);
 }
 
+// Two BF16FromFloat32 in one word, lo in the low half. On sm_80 and newer one
+// cvt.rn.bf16x2.f32, which rounds the same way and gives the same NaN (0x7fff).
+__device__ __forceinline__ unsigned int dl_f32x2_to_bf16x2(float lo, float hi)
+{
+#if __CUDA_ARCH__ >= 800
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (unsigned int)dl_f32_to_bf16(lo) | ((unsigned int)dl_f32_to_bf16(hi) << 16);
+#endif
+}
+
 // BF16ToFloat32.
 __device__ __forceinline__ float dl_bf16_to_f32(unsigned short h)
 {

@@ -138,9 +138,7 @@ __device__ __forceinline__ unsigned dl_mx_dec2(unsigned c, float s, int e5m2) {
     float lo, hi;
     asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h & 0xffffu)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h >> 16)));
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * s), "f"(lo * s));
-    return r;
+    return dl_f32x2_to_bf16x2(lo * s, hi * s);
 #else
     return (unsigned)dl_f32_to_bf16(dl_fp8_value((u8)c, e5m2) * s) |
            ((unsigned)dl_f32_to_bf16(dl_fp8_value((u8)(c >> 8), e5m2) * s) << 16);

@@ -243,7 +243,7 @@ __device__ __forceinline__ void hf_store2(void *out, u64 at, int col, int n, flo
                 const u32 o = *(const u32 *)p;
                 v0 += dl_bf16_to_f32((unsigned short)o), v1 += dl_bf16_to_f32((unsigned short)(o >> 16));
             }
-            *(u32 *)p = hb_bf16x2(v0, v1);
+            *(u32 *)p = dl_f32x2_to_bf16x2(v0, v1);
         } else if (col < n) {
             p[0] = dl_f32_to_bf16(acc ? dl_bf16_to_f32(p[0]) + v0 : v0);
         }

@@ -106,14 +106,6 @@ __device__ __forceinline__ void hb_tma3d(void *dst, const dl_tmap *tm, int c0, i
         : "memory");
 }
 
-// Two floats as a bf16x2 word (lo in the low half), rounded to nearest even in one
-// instruction (the rounding of dl_f32_to_bf16).
-__device__ __forceinline__ u32 hb_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ u64 hb_desc(const void *p, u32 lbo, u32 sbo) {
     u64 d = (u64)((hb_smem(p) & 0x3FFFF) >> 4);
@@ -385,7 +377,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                     } else {
                         unsigned short *yp = (unsigned short *)y + rowoff + col;
                         if (col + 1 < N) {
-                            *(u32 *)yp = hb_bf16x2(v0, v1);
+                            *(u32 *)yp = dl_f32x2_to_bf16x2(v0, v1);
                         } else if (col < N) {
                             yp[0] = dl_f32_to_bf16(v0);
                         }
@@ -514,7 +506,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                 for (int h = 0; h < 2; h++) {
 #pragma unroll
                     for (int j = 0; j < 32; j++) {
-                        u32 v = hb_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+                        u32 v = dl_f32x2_to_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
                         *(u32 *)(row + h * 1024 + (j >> 3) * 8192 + (((j & 7) ^ x) << 4)) = v;
                     }
                 }
@@ -560,7 +552,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
                                 u32 o = *(u32 *)yp;
                                 v0 += dl_bf16_to_f32((unsigned short)o), v1 += dl_bf16_to_f32((unsigned short)(o >> 16));
                             }
-                            *(u32 *)yp = hb_bf16x2(v0, v1);
+                            *(u32 *)yp = dl_f32x2_to_bf16x2(v0, v1);
                         } else if (col < N) {
                             yp[0] = dl_f32_to_bf16(ACC ? dl_bf16_to_f32(yp[0]) + v0 : v0);
                         }
