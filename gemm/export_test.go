@@ -31,7 +31,7 @@ func HopperKernels(d *device.Device) bool { return !forceMMA && hopper.Supported
 // (""), as DROPLESS_MXFP8_PATH does, and returns the function that restores the choice.
 func SetMXFP8Path(p string) (restore func()) {
 	old := mxPath
-	mxPath = mxPathFromEnv(p)
+	mxPath = parseMXPath(p)
 	return func() { mxPath = old }
 }
 

@@ -33,7 +33,7 @@ func (mc *mxCall) gpu(s *device.Stream) error {
 // estimate of viaBF16, mxWGMMA always on those kernels, mxBF16 always on the operands
 // dequantized to bf16 (DROPLESS_MXFP8_PATH=wgmma or bf16, read once when the package is
 // initialized, for comparisons; tests may set it).
-var mxPath = mxPathFromEnv(os.Getenv("DROPLESS_MXFP8_PATH"))
+var mxPath = parseMXPath(os.Getenv("DROPLESS_MXFP8_PATH"))
 
 const (
 	mxAuto = iota
@@ -41,7 +41,9 @@ const (
 	mxBF16
 )
 
-func mxPathFromEnv(v string) int {
+// parseMXPath returns the path that v, a value of DROPLESS_MXFP8_PATH, names: mxWGMMA for
+// "wgmma", mxBF16 for "bf16", else mxAuto.
+func parseMXPath(v string) int {
 	switch v {
 	case "wgmma":
 		return mxWGMMA
