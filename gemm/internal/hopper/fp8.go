@@ -243,9 +243,8 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 	if err != nil {
 		return err
 	}
-	f32 := y.DType() == device.F32
 	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), f32)
+		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), fp8Out(k, y, false))
 }
 
 // BlockwiseWeightGrad computes dw[g] = Σ_t (A_g,t·B_g,tᵀ)·sA·sB (dw [G,R,C]) for each group
@@ -286,7 +285,21 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 		return err
 	}
 	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, maps[0], maps[1], a.Scale, b.Scale, dw, sizes,
-		int32(G), int32(M), int32(R), int32(C), st, int32(op), dw.DType() == device.F32, acc)
+		int32(G), int32(M), int32(R), int32(C), st, int32(op), fp8Out(k, dw, acc), acc)
+}
+
+// fp8Out is the blockwise kernels' output argument for out: 1 for f32; for bf16, 2 for
+// the staged epilogue (hb_store_staged: the one-CTA kernels, out 16-byte aligned, not
+// accumulating, and DROPLESS_GEMM_EPILOGUE not "direct"), else 0, stores from the
+// accumulator layout.
+func fp8Out(k fp8Launch, out *device.Tensor, acc bool) int32 {
+	switch {
+	case out.DType() == device.F32:
+		return 1
+	case k.cl == 1 && out.Ptr()%16 == 0 && !acc && epilogue != "direct":
+		return 2
+	}
+	return 0
 }
 
 // fp8FwdShape checks what the forward kernels of both recipes need of y, A's elements a

@@ -197,12 +197,12 @@ func fp8Scales(r *rand.Rand, n int) []float32 {
 // 128-row kernels in every form (each output's sum runs over the same MMAs and promotions
 // in the same order), over ragged groups that split across 192-row tiles and not 128-row
 // ones and back, empty and one-row groups, N and R not multiples of 128 or 192, f32 and
-// bf16 output, and many tiles.
+// bf16 output (through the staged epilogue and from the accumulator layout), and many tiles.
 func TestFP8TallTiles(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		skipUnlessFP8(t, d)
 		s := d.Stream()
-		defer func(v int, single bool) { fp8Rows, fp8Single = v, single }(fp8Rows, fp8Single)
+		defer func(v int, single bool, e string) { fp8Rows, fp8Single, epilogue = v, single, e }(fp8Rows, fp8Single, epilogue)
 		for _, tc := range []struct {
 			name     string
 			M, Kc, N int
@@ -265,10 +265,14 @@ func TestFP8TallTiles(t *testing.T) {
 				y3, w3 := run(fp8Rows3, true)
 				y2, w2 := run(fp8Block, true)
 				yc, wc := run(fp8Rows3, false)
+				epilogue = "direct"
+				yd, wd := run(fp8Rows3, true)
+				epilogue = ""
 				for _, c := range []struct {
 					what      string
 					got, want []byte
-				}{{"y", y3, y2}, {"dw", w3, w2}, {"y of the two-CTA kernels", yc, y2}, {"dw of the two-CTA kernels", wc, w2}} {
+				}{{"y", y3, y2}, {"dw", w3, w2}, {"y of the two-CTA kernels", yc, y2}, {"dw of the two-CTA kernels", wc, w2},
+					{"y from the accumulator layout", yd, y2}, {"dw from the accumulator layout", wd, w2}} {
 					if !bytes.Equal(c.got, c.want) {
 						n := 0
 						for i := range c.got {

@@ -6,6 +6,7 @@ package hopper
 import (
 	_ "embed"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/dropless/dropless/device"
@@ -29,6 +30,12 @@ const (
 	// source. The forward's three group tables stay within smemBytes.
 	lightRows = bm + 1
 )
+
+// epilogue picks how the forward kernels (bf16 and blockwise FP8) and the blockwise FP8
+// weight gradient store bf16 output: "" (the default) through shared memory where they
+// can (hb_store_staged in the kernels), "direct" from the accumulator layout
+// (DROPLESS_GEMM_EPILOGUE), for comparisons.
+var epilogue = os.Getenv("DROPLESS_GEMM_EPILOGUE")
 
 var support sync.Map // *device.Device → error
 
@@ -64,8 +71,8 @@ func supported(d *device.Device) error {
 	if d.MaxSharedMemory() < smemBytes {
 		return fmt.Errorf("hopper: the kernels need %d bytes of shared memory per block, %v allows %d", smemBytes, d, d.MaxSharedMemory())
 	}
-	for _, name := range []string{"dl_hopper_kmaj_bf16", "dl_hopper_kmaj_f32", "dl_hopper_mnmaj_bf16", "dl_hopper_mnmaj_f32",
-		"dl_hopper_wgrad_bf16", "dl_hopper_wgrad_f32", "dl_hopper_wgrad_bf16_acc", "dl_hopper_wgrad_f32_acc"} {
+	for _, name := range []string{"dl_hopper_kmaj_bf16", "dl_hopper_kmaj_bf16_direct", "dl_hopper_kmaj_f32",
+		"dl_hopper_mnmaj_bf16", "dl_hopper_mnmaj_bf16_direct", "dl_hopper_mnmaj_f32", "dl_hopper_wgrad_bf16", "dl_hopper_wgrad_f32", "dl_hopper_wgrad_bf16_acc", "dl_hopper_wgrad_f32_acc"} {
 		if _, err := d.Kernel(grouped, name); err != nil {
 			return err
 		}
@@ -121,9 +128,13 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 		name = "dl_hopper_mnmaj_"
 	}
 	f32 := y.DType() == device.F32
-	if f32 {
+	switch {
+	case f32:
 		name += "f32"
-	} else {
+	case y.Ptr()%16 != 0 || epilogue == "direct":
+		// The staged epilogue stores 16-byte chunks of y's rows.
+		name += "bf16_direct"
+	default:
 		name += "bf16"
 	}
 	k, err := d.Kernel(grouped, name)

@@ -544,6 +544,9 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
         int it = 0;
         int dec = 0; // MXFP8: stages decoded, whose parity picks the table
         (void)dec;
+        // f32 == 2: bf16 output through the staged epilogue (blockwise, one CTA a cluster).
+        const bool staged = !MX && CL == 1 && f32 == 2;
+        int held = 0; // the stage the staged epilogue stores through
         for (int tile = first; tile < total; tile += step) {
             const hf_ftile t = hf_fwd_tile<CL, L::BM>(&sc, m, G, tile, crank);
             const bool active = c * 64 < t.rows && t.nt < ntn;
@@ -598,8 +601,10 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                                             &m.empty[st], lane, crank);
                 } else {
                     hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + L::A_BYTES);
-                    // The stage's data is read: hand it back before promoting.
-                    hf_release<CL>(&m.empty[st], lane, crank);
+                    // The stage's data is read: hand it back before promoting, but for the
+                    // tile's last stage in the staged epilogue, which stores through it.
+                    if (!staged || kb + 1 < nkb) hf_release<CL>(&m.empty[st], lane, crank);
+                    else held = st;
                     const float s0 = a0 * sbk, s1 = a1 * sbk;
 #pragma unroll
                     for (int j = 0; j < HF_BN / 8; j++) {
@@ -610,7 +615,17 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                     }
                 }
             }
-            if (active) hf_epilogue(tot, y, (u64)(t.row0 + c * 64), t.rows - c * 64, t.n0, N, w, lane, f32, 0);
+            if (active && staged && nkb > 0) {
+                // Each warp's rows pass through its 2 KB of the consumer's A rows in the
+                // tile's last stage (see hb_store_staged), handed back afterwards.
+                unsigned char *wb = m.stages + held * L::STAGE + c * (64 * HF_BK) + w * 2048;
+                hb_store_staged<2>(tot, wb, (unsigned short *)y, (u64)(t.row0 + c * 64 + w * 16), t.rows - c * 64 - w * 16, t.n0, N,
+                                   lane);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                hf_release<CL>(&m.empty[held], lane, crank);
+            } else if (active) {
+                hf_epilogue(tot, y, (u64)(t.row0 + c * 64), t.rows - c * 64, t.n0, N, w, lane, f32 == 1, 0);
+            }
         }
     }
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
@@ -693,6 +708,10 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
         int it = 0;
         int dec = 0; // MXFP8: stages decoded, whose parity picks the table
         (void)dec;
+        // f32 == 2: bf16 output through the staged epilogue (blockwise, one CTA a cluster,
+        // not accumulating).
+        const bool staged = !MX && CL == 1 && f32 == 2;
+        int held = 0; // the stage the staged epilogue stores through
         for (int tile = first; tile < total; tile += step) {
             const hf_wtile t = hf_wg_tile<CL, L::BM>(m, tile, tm, tnc, crank);
             if (t.nkb == 0 && accum) continue;
@@ -733,7 +752,8 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 #pragma unroll
                         for (int j = 0; j < HF_BN / 8; j++) sbf[j] = *(const float2 *)(ssb + 8 * j);
                         hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + L::A_BYTES);
-                        hf_release<CL>(&m.empty[st], lane, crank);
+                        if (!staged || kb + 1 < t.nkb) hf_release<CL>(&m.empty[st], lane, crank);
+                        else held = st;
 #pragma unroll
                         for (int j = 0; j < HF_BN / 8; j++) {
                             tot[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sbf[j].x, tot[4 * j + 0]);
@@ -755,11 +775,21 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                             tot[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, tot[4 * j + 2]);
                             tot[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, tot[4 * j + 3]);
                         }
-                        hf_release<CL>(&m.empty[st], lane, crank);
+                        if (!staged || kb + 1 < t.nkb) hf_release<CL>(&m.empty[st], lane, crank);
+                        else held = st;
                     }
                 }
             }
-            if (active) hf_epilogue(tot, dw, (u64)t.g * R + t.m0 + c * 64, R - t.m0 - c * 64, t.n0, C, w, lane, f32, accum);
+            if (active && staged && t.nkb > 0) {
+                // As in the forward: through the consumer's A rows of the tile's last stage.
+                unsigned char *wb = m.stages + held * L::STAGE + c * (64 * HF_BK) + w * 2048;
+                hb_store_staged<2>(tot, wb, (unsigned short *)dw, (u64)t.g * R + t.m0 + c * 64 + w * 16, R - t.m0 - c * 64 - w * 16,
+                                   t.n0, C, lane);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                hf_release<CL>(&m.empty[held], lane, crank);
+            } else if (active) {
+                hf_epilogue(tot, dw, (u64)t.g * R + t.m0 + c * 64, R - t.m0 - c * 64, t.n0, C, w, lane, f32 == 1, accum);
+            }
         }
     }
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it

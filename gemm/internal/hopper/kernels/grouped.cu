@@ -235,7 +235,51 @@ __device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, co
     return g;
 }
 
-template <int BMN, int F32OUT>
+// Epilogues of the forward kernels (EPI): HB_EPI_DIRECT stores each thread's pairs of
+// values from the accumulator layout (4-byte stores, each warp store touching 8 rows);
+// HB_EPI_STAGED (bf16 output, y 16-byte aligned) stores through shared memory
+// (hb_store_staged).
+#define HB_EPI_DIRECT 0
+#define HB_EPI_STAGED 1
+
+// hb_store_staged writes a warp's 16 rows × 64·NQ columns of a tile in the wgmma
+// accumulator layout (the thread's d[4j + 2h + {0,1}] at row lane/4 + 8h, columns
+// 8j + 2(lane%4) + {0,1}) as bf16 into rows row0 + [0, rows) (rows may be ≤ 0: nothing)
+// and columns n0 + [0, 64·NQ) ∩ [0, N) of y [·, N], N a multiple of 8 and y 16-byte
+// aligned. wb is 2 KB of shared memory that the warp alone uses: each pass puts 64 columns
+// there as 16 rows of 128 bytes, 16-byte chunk j of row l at chunk j ^ (l%8) (conflict-free
+// writes of each pair and reads of each chunk), then stores them as 16-byte chunks, each
+// warp store writing 4 whole 128-byte rows: a quarter of the store instructions and an
+// eighth of the L1 wavefronts of stores from the accumulator layout.
+template <int NQ>
+__device__ __forceinline__ void hb_store_staged(const float *d, unsigned char *wb, unsigned short *y, u64 row0, int rows, int n0, int N,
+                                                int lane) {
+    const int lr = lane / 4, rc = lane % 8, rr0 = lane / 8;
+    unsigned char *wp = wb + lr * 128 + (lane % 4) * 4;
+#pragma unroll
+    for (int q = 0; q < NQ; q++) {
+        if (n0 + 64 * q >= N) break;
+        const int col = n0 + 64 * q + 8 * rc;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                const int j = 8 * q + jj;
+                *(u32 *)(wp + h * 1024 + ((jj ^ lr) << 4)) = dl_f32x2_to_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int l = 4 * i + rr0;
+            const uint4 v = *(const uint4 *)(wb + l * 128 + ((rc ^ (l & 7)) << 4));
+            if (l < rows && col < N) *(uint4 *)(y + (row0 + l) * (u64)N + col) = v;
+        }
+        __syncwarp();
+    }
+}
+
+template <int BMN, int F32OUT, int EPI>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
                                            int Kc, i64 *status, int op, int light, int *next) {
     extern __shared__ unsigned char hb_raw[];
@@ -355,6 +399,17 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
             }
             if (!active) continue;
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (EPI == HB_EPI_STAGED && nkb > 0) {
+                // Each warp's rows pass through its 2 KB of the warpgroup's A rows in the
+                // tile's last stage, which its MMAs have finished reading; the stage goes
+                // back to the producer after the epilogue.
+                unsigned char *wb = smem + prev * HB_STAGE_BYTES + c * (64 * 128) + w * 2048;
+                hb_store_staged<4>(d, wb, (unsigned short *)y, (u64)(row0 + c * 64 + w * 16), rows - c * 64 - w * 16, n0, N, lane);
+                // Order these generic accesses before the producer's next TMA write of the stage.
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                hb_mbar_arrive(&empty[prev]);
+                continue;
+            }
             if (nkb > 0) hb_mbar_arrive(&empty[prev]);
             // Epilogue: thread holds rows r and r+8, columns 8j + 2(lane%4) + {0,1}.
             int r = c * 64 + w * 16 + lane / 4;
@@ -566,22 +621,24 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32) hb_grouped<BMN, F32>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, next);
+#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, next);
 #else
-#define HB_BODY(BMN, F32)
+#define HB_BODY(BMN, F32, EPI)
 #endif
 
-#define HB_KERNEL(NAME, BMN, F32)                                                                                        \
+#define HB_KERNEL(NAME, BMN, F32, EPI)                                                                                   \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
              int M, int N, int Kc, i64 *status, int op, int light, int *next) {                                        \
-        HB_BODY(BMN, F32)                                                                                                \
+        HB_BODY(BMN, F32, EPI)                                                                                           \
     }
 
-HB_KERNEL(dl_hopper_kmaj_bf16, 0, 0)
-HB_KERNEL(dl_hopper_kmaj_f32, 0, 1)
-HB_KERNEL(dl_hopper_mnmaj_bf16, 1, 0)
-HB_KERNEL(dl_hopper_mnmaj_f32, 1, 1)
+HB_KERNEL(dl_hopper_kmaj_bf16, 0, 0, HB_EPI_STAGED)
+HB_KERNEL(dl_hopper_kmaj_bf16_direct, 0, 0, HB_EPI_DIRECT)
+HB_KERNEL(dl_hopper_kmaj_f32, 0, 1, HB_EPI_DIRECT)
+HB_KERNEL(dl_hopper_mnmaj_bf16, 1, 0, HB_EPI_STAGED)
+HB_KERNEL(dl_hopper_mnmaj_bf16_direct, 1, 0, HB_EPI_DIRECT)
+HB_KERNEL(dl_hopper_mnmaj_f32, 1, 1, HB_EPI_DIRECT)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define HB_WBODY(F32, ACC, STG) hb_wgrad<F32, ACC, STG>(&tmX, &tmDY, &tmDW, dw, sizes, G, M, K, N, status, op);
