@@ -288,18 +288,24 @@ func BlockwiseWeightGrad(s *device.Stream, dw *device.Tensor, a, b FP8, M int, s
 		int32(G), int32(M), int32(R), int32(C), st, int32(op), fp8Out(k, dw, acc), acc)
 }
 
-// fp8Out is the blockwise kernels' output argument for out: 1 for f32; for bf16, 2 for
-// the staged epilogue (hb_store_staged: the one-CTA kernels, out 16-byte aligned, not
-// accumulating, and DROPLESS_GEMM_EPILOGUE not "direct"), else 0, stores from the
-// accumulator layout.
+// The blockwise kernels' output modes (HF_OUT_ in their source).
+const (
+	fp8OutBF16   = 0 // bf16 stored from the accumulator layout
+	fp8OutF32    = 1
+	fp8OutStaged = 2 // bf16 through the staged epilogue
+)
+
+// fp8Out is the blockwise kernels' output mode for out: f32, or bf16 through the staged
+// epilogue where it can run (the one-CTA kernels, not accumulating, stagedOK), else bf16
+// from the accumulator layout.
 func fp8Out(k fp8Launch, out *device.Tensor, acc bool) int32 {
 	switch {
 	case out.DType() == device.F32:
-		return 1
-	case k.cl == 1 && out.Ptr()%16 == 0 && !acc && epilogue != "direct":
-		return 2
+		return fp8OutF32
+	case k.cl == 1 && !acc && stagedOK(out):
+		return fp8OutStaged
 	}
-	return 0
+	return fp8OutBF16
 }
 
 // fp8FwdShape checks what the forward kernels of both recipes need of y, A's elements a

@@ -51,7 +51,8 @@ func TestFP8StagesMirrorC(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		want int
-	}{{"HF_STAGES", fp8Stages}, {"HF_STAGES3", fp8Stages3}, {"HF_MXT", fp8MXT}} {
+	}{{"HF_STAGES", fp8Stages}, {"HF_STAGES3", fp8Stages3}, {"HF_MXT", fp8MXT},
+		{"HF_OUT_BF16", fp8OutBF16}, {"HF_OUT_F32", fp8OutF32}, {"HF_OUT_STAGED", fp8OutStaged}} {
 		m := regexp.MustCompile(`#define ` + c.name + ` (\d+)`).FindStringSubmatch(fp8Src)
 		if m == nil {
 			t.Fatalf("kernels/fp8.cu has no %s", c.name)
@@ -300,6 +301,37 @@ func TestFP8TallWins(t *testing.T) {
 	}{{0, false}, {16, false}, {166, true}, {192, true}, {256, false}, {500, false}, {700, true}, {2048, true}, {4096, true}, {7168, true}} {
 		if got := fp8TallWins(c.m); got != c.want {
 			t.Errorf("fp8TallWins(%d) = %v, want %v", c.m, got, c.want)
+		}
+	}
+}
+
+// TestFP8Out: the blockwise kernels' output mode, f32, bf16 through the staged epilogue
+// only where it can store (one CTA a cluster, not accumulating, DROPLESS_GEMM_EPILOGUE not
+// "direct"), else bf16 from the accumulator layout.
+func TestFP8Out(t *testing.T) {
+	// CPU tensors, whose address reads as 0: aligned. (Unaligned outputs take the direct
+	// stores in TestGroupedGEMM's checkDirectEpilogue, on the GPU.)
+	s := device.CPU().Stream()
+	aligned := dt.Must(s.Alloc(device.BF16, 8, 8))
+	f32 := dt.Must(s.Alloc(device.F32, 8, 8))
+	defer func(e string) { epilogue = e }(epilogue)
+	for _, c := range []struct {
+		name string
+		cl   int
+		out  *device.Tensor
+		acc  bool
+		env  string
+		want int32
+	}{
+		{"f32", 1, f32, false, "", fp8OutF32},
+		{"bf16", 1, aligned, false, "", fp8OutStaged},
+		{"bf16_accumulating", 1, aligned, true, "", fp8OutBF16},
+		{"bf16_two_ctas", 2, aligned, false, "", fp8OutBF16},
+		{"bf16_direct_asked", 1, aligned, false, "direct", fp8OutBF16},
+	} {
+		epilogue = c.env
+		if got := fp8Out(fp8Launch{cl: c.cl}, c.out, c.acc); got != c.want {
+			t.Errorf("%s: fp8Out = %d, want %d", c.name, got, c.want)
 		}
 	}
 }

@@ -37,6 +37,11 @@ const (
 // (DROPLESS_GEMM_EPILOGUE), for comparisons.
 var epilogue = os.Getenv("DROPLESS_GEMM_EPILOGUE")
 
+// stagedOK reports whether the staged epilogue may store bf16 output into out: out is
+// 16-byte aligned (it stores 16-byte chunks of rows) and epilogue does not ask for the
+// direct stores.
+func stagedOK(out *device.Tensor) bool { return out.Ptr()%16 == 0 && epilogue != "direct" }
+
 var support sync.Map // *device.Device → error
 
 // Supported returns nil when d can run the Hopper kernels: an sm_90 GPU with the shared
@@ -131,11 +136,10 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 	switch {
 	case f32:
 		name += "f32"
-	case y.Ptr()%16 != 0 || epilogue == "direct":
-		// The staged epilogue stores 16-byte chunks of y's rows.
-		name += "bf16_direct"
-	default:
+	case stagedOK(y):
 		name += "bf16"
+	default:
+		name += "bf16_direct"
 	}
 	k, err := d.Kernel(grouped, name)
 	if err != nil {

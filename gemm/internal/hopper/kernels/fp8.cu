@@ -67,6 +67,14 @@
 #define HF_STAGES3 5
 #define HF_SMEM3 (HF_STAGES3 * (192 * HF_BK + HF_B_BYTES + (192 + HF_BN) * 4) + 2 * HF_STAGES3 * 8 + 4 * (HB_MAXG + 1) * 4 + 1024)
 
+// The kernels' output modes (their argument out): bf16 stored from the accumulator layout,
+// f32, or bf16 through the staged epilogue (hb_store_staged; the blockwise kernels of one
+// CTA a cluster, out 16-byte aligned, not accumulating; the others store bf16 from the
+// accumulator layout in that mode too).
+#define HF_OUT_BF16 0
+#define HF_OUT_F32 1
+#define HF_OUT_STAGED 2
+
 // hf_cfg is the tile and shared-memory layout of a kernel with NC consumer warpgroups of 64
 // rows each: NC = 2 for every recipe and form (HF_SMEM), NC = 3 for the _m192 kernels
 // (HF_SMEM3). With one more consumer the tensor cores run two consumers' MMAs while the
@@ -497,7 +505,7 @@ __device__ __forceinline__ void hf_mx_stage(float *tot, float *part, const unsig
 template <int TA, int TB, int CL, int MX, int NC>
 __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, const void *sav, int ss, int grouped, void *y,
                                         const void *sbv, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs,
-                                        i64 *status, int op, int light, int f32) {
+                                        i64 *status, int op, int light, int out) {
     using L = hf_cfg<NC>;
     extern __shared__ unsigned char hf_raw[];
     const hf_smem m = hf_carve<NC>(hf_raw);
@@ -544,8 +552,8 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
         int it = 0;
         int dec = 0; // MXFP8: stages decoded, whose parity picks the table
         (void)dec;
-        // f32 == 2: bf16 output through the staged epilogue (blockwise, one CTA a cluster).
-        const bool staged = !MX && CL == 1 && f32 == 2;
+        // bf16 output through the staged epilogue (blockwise, one CTA a cluster).
+        const bool staged = !MX && CL == 1 && out == HF_OUT_STAGED;
         int held = 0; // the stage the staged epilogue stores through
         for (int tile = first; tile < total; tile += step) {
             const hf_ftile t = hf_fwd_tile<CL, L::BM>(&sc, m, G, tile, crank);
@@ -621,10 +629,9 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                 unsigned char *wb = m.stages + held * L::STAGE + c * (64 * HF_BK) + w * 2048;
                 hb_store_staged<2>(tot, wb, (unsigned short *)y, (u64)(t.row0 + c * 64 + w * 16), t.rows - c * 64 - w * 16, t.n0, N,
                                    lane);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 hf_release<CL>(&m.empty[held], lane, crank);
             } else if (active) {
-                hf_epilogue(tot, y, (u64)(t.row0 + c * 64), t.rows - c * 64, t.n0, N, w, lane, f32 == 1, 0);
+                hf_epilogue(tot, y, (u64)(t.row0 + c * 64), t.rows - c * 64, t.n0, N, w, lane, out == HF_OUT_F32, 0);
             }
         }
     }
@@ -654,7 +661,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
 // that are not written use.
 template <int TA, int TB, int CL, int MX, int NC>
 __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB, const void *sa, int sra, const void *sb, int srb,
-                                         void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32,
+                                         void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int out,
                                          int accum) {
     using L = hf_cfg<NC>;
     extern __shared__ unsigned char hf_raw[];
@@ -708,9 +715,9 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
         int it = 0;
         int dec = 0; // MXFP8: stages decoded, whose parity picks the table
         (void)dec;
-        // f32 == 2: bf16 output through the staged epilogue (blockwise, one CTA a cluster,
-        // not accumulating).
-        const bool staged = !MX && CL == 1 && f32 == 2;
+        // bf16 output through the staged epilogue (blockwise, one CTA a cluster, not
+        // accumulating).
+        const bool staged = !MX && CL == 1 && out == HF_OUT_STAGED;
         int held = 0; // the stage the staged epilogue stores through
         for (int tile = first; tile < total; tile += step) {
             const hf_wtile t = hf_wg_tile<CL, L::BM>(m, tile, tm, tnc, crank);
@@ -785,20 +792,19 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
                 unsigned char *wb = m.stages + held * L::STAGE + c * (64 * HF_BK) + w * 2048;
                 hb_store_staged<2>(tot, wb, (unsigned short *)dw, (u64)t.g * R + t.m0 + c * 64 + w * 16, R - t.m0 - c * 64 - w * 16,
                                    t.n0, C, lane);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 hf_release<CL>(&m.empty[held], lane, crank);
             } else if (active) {
-                hf_epilogue(tot, dw, (u64)t.g * R + t.m0 + c * 64, R - t.m0 - c * 64, t.n0, C, w, lane, f32 == 1, accum);
+                hf_epilogue(tot, dw, (u64)t.g * R + t.m0 + c * 64, R - t.m0 - c * 64, t.n0, C, w, lane, out == HF_OUT_F32, accum);
             }
         }
     }
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
 
-#define HF_BODY(TA, TB, CL, NC) hf_gemm<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, f32);
-#define HF_WBODY(TA, TB, CL, NC) hf_wgrad<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, f32, acc);
-#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, f32);
-#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, f32, acc);
+#define HF_BODY(TA, TB, CL, NC) hf_gemm<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, out);
+#define HF_WBODY(TA, TB, CL, NC) hf_wgrad<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, out, acc);
+#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, out);
+#define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, out, acc);
 #else
 #define HF_BODY(TA, TB, CL, NC)
 #define HF_WBODY(TA, TB, CL, NC)
@@ -806,23 +812,23 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
 #define HF_MXWBODY(TA, TB, CL)
 #endif
 
-// Forward and input gradient, A of element type TA and B of TB (0 E4M3, 1 E5M2); f32
-// selects f32 output (else bf16). The _x2 kernels run in clusters of two CTAs (CL = 2); the
+// Forward and input gradient, A of element type TA and B of TB (0 E4M3, 1 E5M2); out is
+// an HF_OUT_ mode. The _x2 kernels run in clusters of two CTAs (CL = 2); the
 // grid must then be even and its clusters must all fit on the device at once (the grid is
 // persistent). NC consumer warpgroups: 128·(NC + 1) threads a CTA (see hf_cfg).
 #define HF_KERNEL(NAME, TA, TB, CL, ATTR, NC)                                                                                    \
     extern "C" __global__ void ATTR __launch_bounds__(128 * (NC + 1), 1)                                                        \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, int Mr, void *y,         \
              const float *sb, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs, i64 *status, int op,         \
-             int light, int f32) {                                                                                               \
+             int light, int out) {                                                                                               \
         HF_BODY(TA, TB, CL, NC)                                                                                                  \
     }
 
-// Weight gradient, A of element type TA and B of TB; f32 output else bf16; acc adds.
+// Weight gradient, A of element type TA and B of TB; out an HF_OUT_ mode; acc adds.
 #define HF_WKERNEL(NAME, TA, TB, CL, ATTR, NC)                                                                                   \
     extern "C" __global__ void ATTR __launch_bounds__(128 * (NC + 1), 1)                                                        \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, const float *sb,         \
-             void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int f32, int acc) {                     \
+             void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op, int out, int acc) {                     \
         HF_WBODY(TA, TB, CL, NC)                                                                                                 \
     }
 
@@ -831,14 +837,14 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
     extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const unsigned char *sa, int cp,          \
              int grouped, void *y, const unsigned char *sb, const int *sizes, int G, int M, int N, int Kc, i64 *status, int op,   \
-             int light, int f32) {                                                                                               \
+             int light, int out) {                                                                                               \
         HF_MXBODY(TA, TB, CL)                                                                                                    \
     }
 #define HF_MXWKERNEL(NAME, TA, TB, CL, ATTR)                                                                                     \
     extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const unsigned char *sa, int ka,          \
              const unsigned char *sb, int kbs, void *dw, const int *sizes, int G, int M, int R, int C, i64 *status, int op,       \
-             int f32, int acc) {                                                                                                 \
+             int out, int acc) {                                                                                                 \
         HF_MXWBODY(TA, TB, CL)                                                                                                   \
     }
 

@@ -250,7 +250,9 @@ __device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, co
 // there as 16 rows of 128 bytes, 16-byte chunk j of row l at chunk j ^ (l%8) (conflict-free
 // writes of each pair and reads of each chunk), then stores them as 16-byte chunks, each
 // warp store writing 4 whole 128-byte rows: a quarter of the store instructions and an
-// eighth of the L1 wavefronts of stores from the accumulator layout.
+// eighth of the L1 wavefronts of stores from the accumulator layout. wb is part of a stage
+// of the TMA ring: the proxy fence at the end orders these accesses before the producer's
+// next TMA write of it, so the caller may hand the stage back at once.
 template <int NQ>
 __device__ __forceinline__ void hb_store_staged(const float *d, unsigned char *wb, unsigned short *y, u64 row0, int rows, int n0, int N,
                                                 int lane) {
@@ -277,6 +279,7 @@ __device__ __forceinline__ void hb_store_staged(const float *d, unsigned char *w
         }
         __syncwarp();
     }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 template <int BMN, int F32OUT, int EPI>
@@ -405,8 +408,6 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                 // back to the producer after the epilogue.
                 unsigned char *wb = smem + prev * HB_STAGE_BYTES + c * (64 * 128) + w * 2048;
                 hb_store_staged<4>(d, wb, (unsigned short *)y, (u64)(row0 + c * 64 + w * 16), rows - c * 64 - w * 16, n0, N, lane);
-                // Order these generic accesses before the producer's next TMA write of the stage.
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 hb_mbar_arrive(&empty[prev]);
                 continue;
             }
