@@ -158,6 +158,9 @@ func (k fp8Launch) gridOn(s *device.Stream) int {
 	return n
 }
 
+// rows returns the tile rows of k: its CTAs' A rows times the cluster's CTAs.
+func (k fp8Launch) rows() int { return int(k.aRows) * k.cl }
+
 // fp8Kernel returns the kernel prefix+"_"+A's type+"_"+B's type for d, or its _x2 form, or
 // with tall (the families that have them) its _m192 form.
 func fp8Kernel(d *device.Device, prefix string, tall bool, a, b *device.Tensor) (fp8Launch, error) {
@@ -244,7 +247,7 @@ func BlockwiseGEMM(s *device.Stream, y *device.Tensor, a, b FP8, sizes *device.T
 		return err
 	}
 	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, tmA, tmB, a.Scale, int32(Mr), y, b.Scale, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), fp8Out(k, y, false))
+		int32(G), int32(M), int32(N), int32(Kc), ks, ns, int64(skc)*int64(sn), st, int32(op), int32(lightRows), bandTiles(k.rows()), fp8Out(k, y, false))
 }
 
 // BlockwiseWeightGrad computes dw[g] = Σ_t (A_g,t·B_g,tᵀ)·sA·sB (dw [G,R,C]) for each group
@@ -442,7 +445,7 @@ func MXFP8GEMM(s *device.Stream, y *device.Tensor, a, b MXOperand, sizes *device
 	}
 	f32 := y.DType() == device.F32
 	return k.k.Launch(s, device.D1(k.gridOn(s)), device.D1(k.threads), k.smem, tmA, tmB, a.Scale, int32(cp), grouped, y, b.Scale, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), f32)
+		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(k.rows()), f32)
 }
 
 // MXFP8WeightGrad computes dw[g] = Σ_t (A_g,t·B_g,tᵀ)·sA·sB (dw [G,R,C]) for each group g,

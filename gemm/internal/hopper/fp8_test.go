@@ -198,12 +198,15 @@ func fp8Scales(r *rand.Rand, n int) []float32 {
 // 128-row kernels in every form (each output's sum runs over the same MMAs and promotions
 // in the same order), over ragged groups that split across 192-row tiles and not 128-row
 // ones and back, empty and one-row groups, N and R not multiples of 128 or 192, f32 and
-// bf16 output (through the staged epilogue and from the accumulator layout), and many tiles.
+// bf16 output (through the staged epilogue and from the accumulator layout), and many tiles;
+// and the forward's bands of row tiles (2 row tiles, none) give the bytes of the default.
 func TestFP8TallTiles(t *testing.T) {
 	dt.Run(t, func(t *testing.T, d *device.Device) {
 		skipUnlessFP8(t, d)
 		s := d.Stream()
-		defer func(v int, single bool, e string) { fp8Rows, fp8Single, epilogue = v, single, e }(fp8Rows, fp8Single, epilogue)
+		defer func(v int, single bool, e string, b int) {
+			fp8Rows, fp8Single, epilogue, bandRows = v, single, e, b
+		}(fp8Rows, fp8Single, epilogue, bandRows)
 		for _, tc := range []struct {
 			name     string
 			M, Kc, N int
@@ -269,11 +272,18 @@ func TestFP8TallTiles(t *testing.T) {
 				epilogue = "direct"
 				yd, wd := run(fp8Rows3, true)
 				epilogue = ""
+				bandRows = 256
+				yb3, _ := run(fp8Rows3, true)
+				yb2, _ := run(fp8Block, true)
+				bandRows = 0
+				yn3, _ := run(fp8Rows3, true)
+				bandRows = 2048
 				for _, c := range []struct {
 					what      string
 					got, want []byte
 				}{{"y", y3, y2}, {"dw", w3, w2}, {"y of the two-CTA kernels", yc, y2}, {"dw of the two-CTA kernels", wc, w2},
-					{"y from the accumulator layout", yd, y2}, {"dw from the accumulator layout", wd, w2}} {
+					{"y from the accumulator layout", yd, y2}, {"dw from the accumulator layout", wd, w2},
+					{"y in bands of 2 row tiles", yb3, y2}, {"y in bands of 2 128-row tiles", yb2, y2}, {"y without bands", yn3, y2}} {
 					if !bytes.Equal(c.got, c.want) {
 						n := 0
 						for i := range c.got {
@@ -281,7 +291,7 @@ func TestFP8TallTiles(t *testing.T) {
 								n++
 							}
 						}
-						t.Errorf("%s: %d of %d bytes differ between the 192-row and 128-row kernels", c.what, n, len(c.got))
+						t.Errorf("%s: %d of %d bytes differ from those of the 128-row kernels in the default bands", c.what, n, len(c.got))
 					}
 				}
 				for _, x := range []*device.Tensor{a.Q, a.Scale, b.Q, b.Scale, wa.Q, wa.Scale, wb.Q, wb.Scale, sizes} {

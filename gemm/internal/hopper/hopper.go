@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 
 	"github.com/dropless/dropless/device"
@@ -36,6 +37,30 @@ const (
 // can (hb_store_staged in the kernels), "direct" from the accumulator layout
 // (DROPLESS_GEMM_EPILOGUE), for comparisons.
 var epilogue = os.Getenv("DROPLESS_GEMM_EPILOGUE")
+
+// bandRows is the height in rows of the forward kernels' bands of row tiles (hb_place in
+// the kernels' source), within which each group's row tiles are walked innermost: 2,048
+// by default, DROPLESS_GEMM_BAND=n for n rows, 0 for none (each group one band), for
+// comparisons.
+var bandRows = envInt("DROPLESS_GEMM_BAND", 2048)
+
+// envInt returns the integer value of the environment variable name, or def when it is
+// unset or not an integer.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+// bandTiles returns the kernels' band argument for tiles of rows rows: bandRows in row
+// tiles, at least one, or 0 for none.
+func bandTiles(rows int) int32 {
+	if bandRows <= 0 {
+		return 0
+	}
+	return int32(ceilDiv(bandRows, rows))
+}
 
 // stagedOK reports whether the staged epilogue may store bf16 output into out: out is
 // 16-byte aligned (it stores 16-byte chunks of rows) and epilogue does not ask for the
@@ -161,7 +186,7 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 		return err
 	}
 	return k.Launch(s, device.D1(s.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), counter)
+		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(bm), counter)
 }
 
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and

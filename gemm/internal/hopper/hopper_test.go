@@ -90,6 +90,8 @@ func TestGroupedGEMM(t *testing.T) {
 		// N not a multiple of the 64 columns a pass of the staged epilogue stores.
 		{"kmaj_ragged_n200", 700, 192, 200, []int32{0, 129, 1, 300, 0, 200}, false, device.BF16},
 		{"mnmaj_ragged_n328", 700, 256, 328, []int32{65, 63, 1, 300, 200}, true, device.BF16},
+		// Groups of more than one band of row tiles (bandRows), the last band short.
+		{"kmaj_bands", 6000, 64, 768, []int32{2900, 0, 2600, 1, 300}, false, device.BF16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := dt.Rand(7)
@@ -139,6 +141,46 @@ func TestGroupedGEMM(t *testing.T) {
 			}
 			checkStatusFree(t, s, st, a, b, sz, y)
 		})
+	}
+}
+
+// TestBands: the forward's bands of row tiles change which CTA computes which tile, not
+// the bytes: bands of 2 row tiles, of the default height and none give the same y, over
+// groups of several bands with a short last one.
+func TestBands(t *testing.T) {
+	d := hopperGPU(t)
+	s := d.Stream()
+	defer func(v int) { bandRows = v }(bandRows)
+	const M, K, N = 6000, 64, 768
+	sizes := []int32{2900, 0, 2600, 1, 300}
+	G := len(sizes)
+	for _, bMN := range []bool{false, true} {
+		shape := []int{G, N, K}
+		if bMN {
+			shape = []int{G, K, N}
+		}
+		a := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(21), M*K, 1), M, K))
+		b := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(22), G*K*N, 1), shape...))
+		sz := dt.Must(device.FromSlice(s, device.I32, sizes, G))
+		run := func(rows int) []uint16 {
+			bandRows = rows
+			y := dt.Must(s.Alloc(device.BF16, M, N))
+			defer y.Free()
+			dt.Poison(t, s, y)
+			dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, nil, 1, nil, bMN))
+			got := make([]uint16, M*N)
+			dt.NoErr(t, device.Download(s, y, got))
+			return got
+		}
+		want := run(2048)
+		for _, rows := range []int{256, 0} {
+			if diff := cmp.Diff(want, run(rows)); diff != "" {
+				t.Errorf("MN-major %v, bands of %d rows against 2048 (-2048 +%d):\n%.2000s", bMN, rows, rows, diff)
+			}
+		}
+		for _, x := range []*device.Tensor{a, b, sz} {
+			x.Free()
+		}
 	}
 }
 

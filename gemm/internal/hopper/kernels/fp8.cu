@@ -203,6 +203,16 @@ __device__ __forceinline__ void hf_bulk(void *dst, const void *src, u32 bytes, u
                  : "memory");
 }
 
+// hf_cp4 copies the 4 bytes at src (global) to dst (shared) asynchronously and has bar's
+// current phase wait for the copy: the arrival it adds on completion balances the pending
+// count it raises at once, so the phase's expected arrivals stay as they are.
+__device__ __forceinline__ void hf_cp4(void *dst, const void *src, u64 *bar) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
+                 "cp.async.mbarrier.arrive.shared::cta.b64 [%2];" ::"r"(hb_smem(dst)),
+                 "l"((u64)src), "r"(hb_smem(bar))
+                 : "memory");
+}
+
 // hf_wait_empty is the producer's wait for a stage to be handed back (with CL = 2 by the
 // consumers of both CTAs; the acquire at CTA scope pairs with hf_arrive_peer's release).
 __device__ __forceinline__ void hf_wait_empty(u64 *bar, u32 parity) { hb_mbar_wait(bar, parity); }
@@ -327,11 +337,11 @@ __device__ __forceinline__ void hf_pstarts(const int *rstart, int G, int *pstart
 // returns false for invalid sizes, alike in both CTAs of a cluster.
 template <int CL, int NC, int BR>
 __device__ __forceinline__ bool hf_begin(const hf_smem &m, hb_sched *sc, const int *sizes, int G, int M, int ntc, int light,
-                                         i64 *status, int op, bool pstarts) {
+                                         int band, i64 *status, int op, bool pstarts) {
     __shared__ int bad;
     if (threadIdx.x < 32) {
         const int e =
-            hb_setup<BR>(sizes, G, M, ntc, light, m.tstart, m.lstart, sc, m.rstart, status, op, m.full, m.empty, hf_cfg<NC>::S, CL * 4 * NC);
+            hb_setup<BR>(sizes, G, M, ntc, light, band, m.tstart, m.lstart, sc, m.rstart, status, op, m.full, m.empty, hf_cfg<NC>::S, CL * 4 * NC);
         if (!e && pstarts) hf_pstarts(m.rstart, G, m.pstart);
         if (threadIdx.x == 0) bad = e;
     }
@@ -365,7 +375,9 @@ __device__ __forceinline__ hf_ftile hf_fwd_tile(const hb_sched *sc, const hf_sme
     t.g = hb_pick(sc, m.tstart, m.lstart, G, tile, &local);
     t.sz = m.rstart[t.g + 1] - m.rstart[t.g];
     const int mtiles = (t.sz + BM - 1) / BM;
-    t.mt = local % mtiles, t.nt = (local / mtiles) * CL + crank;
+    int nu;
+    hb_place(sc, local, mtiles, &t.mt, &nu);
+    t.nt = nu * CL + crank;
     t.row0 = m.rstart[t.g] + t.mt * BM, t.n0 = t.nt * HF_BN;
     t.rows = min(BM, t.sz - t.mt * BM);
     return t;
@@ -490,7 +502,8 @@ __device__ __forceinline__ void hf_mx_stage(float *tot, float *part, const unsig
 //   B: the K-major weights, FP8 [G, N, Kc] (tmB, box {128, 128, 1}), with scales
 //        blockwise: sb[g·gs + kb·ks + nb·ns] for contraction block kb and output block nb
 //        (forward: w.Scales [G, Kc/128, N/128], ks = N/128, ns = 1; input gradient:
-//        [G, N/128, Kc/128], ks = 1, ns = Kc/128), loaded a stage ahead;
+//        [G, N/128, Kc/128], ks = 1, ns = Kc/128): the producer copies each stage's one
+//        scale into the stage's B scale slot with the data (hf_cp4);
 //        MXFP8: E8M0 [G, ceil(Kc/128), N, 4] (sb): a stage's codes for the tile's columns
 //        are 512 contiguous bytes (N is a multiple of 16), which the producer copies into
 //        the stage's B scale slot with the data.
@@ -505,7 +518,7 @@ __device__ __forceinline__ void hf_mx_stage(float *tot, float *part, const unsig
 template <int TA, int TB, int CL, int MX, int NC>
 __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, const void *sav, int ss, int grouped, void *y,
                                         const void *sbv, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs,
-                                        i64 *status, int op, int light, int out) {
+                                        i64 *status, int op, int light, int band, int out) {
     using L = hf_cfg<NC>;
     extern __shared__ unsigned char hf_raw[];
     const hf_smem m = hf_carve<NC>(hf_raw);
@@ -513,7 +526,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
     const int tid = threadIdx.x;
     const u32 crank = CL > 1 ? hf_cta_rank() : 0;
     const int ntn = (N + HF_BN - 1) / HF_BN, ntc = (ntn + CL - 1) / CL; // column tiles, per CTA of a cluster
-    if (!hf_begin<CL, NC, L::BM>(m, &sc, sizes, G, M, ntc, light, status, op, MX)) return;
+    if (!hf_begin<CL, NC, L::BM>(m, &sc, sizes, G, M, ntc, light, band, status, op, MX)) return;
     const int total = m.tstart[G] + m.lstart[G];
     const int nkb = (Kc + HF_BK - 1) / HF_BK;
     const int first = blockIdx.x / CL, step = gridDim.x / CL;
@@ -533,6 +546,11 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                     const u32 ph = (it / L::S) & 1;
                     hf_wait_empty(&m.empty[st], ph ^ 1);
                     unsigned char *stg = m.stages + st * L::STAGE;
+                    // Blockwise: the stage's B scale into its slot, for the consumers to
+                    // read after the stage's barrier (not a load of their own a stage
+                    // ahead, whose value the compiler may move into a uniform register
+                    // at once, waiting for the load there).
+                    if (!MX && hasB) hf_cp4(m.sb + st * HF_BN, (const float *)sbv + (i64)t.g * gs + (i64)kb * ks + (i64)t.nt * ns, &m.full[st]);
                     hb_mbar_expect_tx(&m.full[st], L::A_BYTES + (hasB ? HF_B_BYTES : 0) + sbytes);
                     hf_load_a<CL, NC>(stg, tmA, kb * HF_BK, t.row0, crank, &m.full[st]);
                     if (hasB) hb_tma3d(stg + L::A_BYTES, tmB, kb * HF_BK, t.n0, t.g, &m.full[st]);
@@ -558,12 +576,12 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
         for (int tile = first; tile < total; tile += step) {
             const hf_ftile t = hf_fwd_tile<CL, L::BM>(&sc, m, G, tile, crank);
             const bool active = c * 64 < t.rows && t.nt < ntn;
-            // The scales of the thread's two rows (and, blockwise, of the tile's columns),
-            // loaded a stage ahead: *n for the next stage. Blockwise rows past Mr and MXFP8
-            // rows past the group's end read nothing.
-            float sbn = 0.f, a0n = 0.f, a1n = 0.f;
+            // The scales of the thread's two rows, loaded a stage ahead: *n for the next
+            // stage (blockwise rows past Mr and MXFP8 rows past the group's end read
+            // nothing); blockwise, the tile's column scale comes with each stage.
+            float a0n = 0.f, a1n = 0.f;
             u32 w0n = 0, w1n = 0;
-            const float *sbp = nullptr, *sa = (const float *)sav;
+            const float *sa = (const float *)sav;
             const u32 *w0p = nullptr, *w1p = nullptr;
             const int ra0 = t.row0 + c * 64 + r, ra1 = ra0 + 8;
             if constexpr (MX) {
@@ -574,8 +592,6 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                 if (i1 < t.sz) w1p = (const u32 *)(sab + (srow + ra1) * ss);
                 w0n = w0p ? __ldg(w0p) : 0u, w1n = w1p ? __ldg(w1p) : 0u;
             } else {
-                sbp = (const float *)sbv + (i64)t.g * gs + (i64)t.nt * ns;
-                sbn = t.nt < ntn ? __ldg(sbp) : 0.f;
                 a0n = ra0 < ss ? __ldg(sa + ra0) : 0.f, a1n = ra1 < ss ? __ldg(sa + ra1) : 0.f;
             }
 #pragma unroll
@@ -583,14 +599,13 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
             for (int kb = 0; kb < nkb; kb++, it++) {
                 const int st = it % L::S;
                 const u32 ph = (it / L::S) & 1;
-                const float sbk = sbn, a0 = a0n, a1 = a1n;
+                const float a0 = a0n, a1 = a1n;
                 const u32 w0 = w0n, w1 = w1n;
                 if (kb + 1 < nkb) {
                     if constexpr (MX) {
                         w0n = w0p ? __ldg(w0p + kb + 1) : 0u;
                         w1n = w1p ? __ldg(w1p + kb + 1) : 0u;
                     } else {
-                        sbn = t.nt < ntn ? __ldg(sbp + (i64)(kb + 1) * ks) : 0.f;
                         const float *san = sa + (i64)(kb + 1) * ss;
                         a0n = ra0 < ss ? __ldg(san + ra0) : 0.f;
                         a1n = ra1 < ss ? __ldg(san + ra1) : 0.f;
@@ -608,6 +623,7 @@ __device__ __forceinline__ void hf_gemm(const dl_tmap *tmA, const dl_tmap *tmB, 
                     hf_mx_stage<TA, TB, CL>(tot, part, stg + c * (64 * HF_BK), stg + L::A_BYTES, w0, w1, tab + 40 * (lane % 4),
                                             &m.empty[st], lane, crank);
                 } else {
+                    const float sbk = m.sb[st * HF_BN]; // read before the stage is handed back
                     hf_block<TA, TB>(part, stg + c * (64 * HF_BK), stg + L::A_BYTES);
                     // The stage's data is read: hand it back before promoting, but for the
                     // tile's last stage in the staged epilogue, which stores through it.
@@ -669,7 +685,7 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
     __shared__ hb_sched sc;
     const int tid = threadIdx.x;
     const u32 crank = CL > 1 ? hf_cta_rank() : 0;
-    if (!hf_begin<CL, NC, HF_BK>(m, &sc, sizes, G, M, 1, 0, status, op, false)) return;
+    if (!hf_begin<CL, NC, HF_BK>(m, &sc, sizes, G, M, 1, 0, 0, status, op, false)) return;
     const int tm = (R + L::BM - 1) / L::BM, tn = (C + HF_BN - 1) / HF_BN, tnc = (tn + CL - 1) / CL;
     const int total = G * tm * tnc;
     const int first = blockIdx.x / CL, step = gridDim.x / CL;
@@ -801,9 +817,9 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
     if (CL > 1) hf_cluster_sync(); // no CTA leaves while its peer may still signal it
 }
 
-#define HF_BODY(TA, TB, CL, NC) hf_gemm<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, out);
+#define HF_BODY(TA, TB, CL, NC) hf_gemm<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, Mr, 0, y, sb, sizes, G, M, N, Kc, ks, ns, gs, status, op, light, band, out);
 #define HF_WBODY(TA, TB, CL, NC) hf_wgrad<TA, TB, CL, 0, NC>(&tmA, &tmB, sa, R, sb, C, dw, sizes, G, M, R, C, status, op, out, acc);
-#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, out);
+#define HF_MXBODY(TA, TB, CL) hf_gemm<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, cp, grouped, y, sb, sizes, G, M, N, Kc, 0, 0, 0, status, op, light, band, out);
 #define HF_MXWBODY(TA, TB, CL) hf_wgrad<TA, TB, CL, 1, 2>(&tmA, &tmB, sa, ka, sb, kbs, dw, sizes, G, M, R, C, status, op, out, acc);
 #else
 #define HF_BODY(TA, TB, CL, NC)
@@ -820,7 +836,7 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
     extern "C" __global__ void ATTR __launch_bounds__(128 * (NC + 1), 1)                                                        \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const float *sa, int Mr, void *y,         \
              const float *sb, const int *sizes, int G, int M, int N, int Kc, i64 ks, i64 ns, i64 gs, i64 *status, int op,         \
-             int light, int out) {                                                                                               \
+             int light, int band, int out) {                                                                                     \
         HF_BODY(TA, TB, CL, NC)                                                                                                  \
     }
 
@@ -837,7 +853,7 @@ __device__ __forceinline__ void hf_wgrad(const dl_tmap *tmA, const dl_tmap *tmB,
     extern "C" __global__ void ATTR __launch_bounds__(384, 1)                                                                   \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, const unsigned char *sa, int cp,          \
              int grouped, void *y, const unsigned char *sb, const int *sizes, int G, int M, int N, int Kc, i64 *status, int op,   \
-             int light, int out) {                                                                                               \
+             int light, int band, int out) {                                                                                     \
         HF_MXBODY(TA, TB, CL)                                                                                                    \
     }
 #define HF_MXWKERNEL(NAME, TA, TB, CL, ATTR)                                                                                     \

@@ -7,7 +7,7 @@
 // B_g comes from a 3-D tensor map over the weights [G, ·, ·]:
 //   K-major (BMN = 0): box {64 contraction, 256 output} — w[G,N,K] forward, w[G,K,N] input gradient;
 //   MN-major (BMN = 1): four boxes {64 output, 64 contraction} — w[G,K,N] forward.
-// A persistent grid walks the tiles of all groups (each group's m-tiles inner, so CTAs
+// A persistent grid walks the tiles of all groups (each group's m-tiles inner, in bands, so CTAs
 // running together share a weight tile; the forward spreads the tiles of short groups among
 // the others and claims its last rounds of tiles from a counter, see the tile schedule
 // below); group offsets are prefix sums computed from the sizes on the device. One producer
@@ -132,26 +132,33 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
 // walked in a merged order that spreads the L light tiles evenly among the others
 // (position p is light when floor((p+1)·L/T) > floor(p·L/T)), so that the light tiles'
 // memory traffic overlaps the heavy tiles' math instead of running in bursts. Within each
-// class tiles follow the groups' order, each group's row tiles innermost, so that CTAs
-// running together share a weight tile. Positions are dealt round-robin (CTA b takes
+// class tiles follow the groups' order, each group's row tiles innermost within bands of
+// row tiles (below), so that CTAs running together share a weight tile. Positions are dealt round-robin (CTA b takes
 // b, b + gridDim.x, ...) up to the last HB_CLAIMED rounds; the CTAs then claim the rest one
 // at a time from a counter in global memory, so that tiles of unequal cost (short tiles,
 // uneven memory traffic) even out at the end. Dealing the early rounds keeps the CTAs that
 // share a weight tile in step, which claiming all of them loses (more L2 traffic).
-// sched holds L and T, computed once by warp 0.
+// Within a group the row tiles are walked in bands of band row tiles (the last band may be
+// shorter), each band's tiles with its row tiles innermost (hb_place): a large group's CTAs
+// running together then cover about band row tiles × gridDim.x/band column tiles instead of
+// one column tile of many row tiles, so that the A rows and B columns they read from L2 at
+// each step of the contraction are few, and fewer are re-read from memory for the next
+// column tiles.
+// sched holds L and T, the band and the column tiles nc per row tile, computed once by warp 0.
 struct hb_sched {
     unsigned L, T;
+    int band, nc;
 };
 
 // hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
 // rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per BM-row
 // block: tstart for the heavy groups, lstart for the light ones, with sc the schedule's
-// constants), 32 groups at a time with warp shuffles, records the first invalid size in
+// constants and its bands of band row tiles, 0 for none: each group one band), 32 groups at a time with warp shuffles, records the first invalid size in
 // status (block 0 only; null: none) as an error of op and initializes the S-stage barrier
 // ring (full: one arrival and the transaction bytes; empty: ecount arrivals). It returns,
 // in every lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
 template <int BM = HB_BM>
-__device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int *tstart, int *lstart,
+__device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int band, int *tstart, int *lstart,
                                         hb_sched *sc, int *rstart, i64 *status, int op, u64 *full, u64 *empty, int S,
                                         int ecount) {
     const int lane = threadIdx.x & 31;
@@ -197,7 +204,7 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
             rstart[G] = (int)r;
             if (tstart) {
                 tstart[G] = t, lstart[G] = l;
-                sc->L = l, sc->T = t + l;
+                sc->L = l, sc->T = t + l, sc->band = band > 0 ? band : max(1, (M + BM - 1) / BM), sc->nc = ntn;
             }
         }
         if (err && blockIdx.x == 0) dl_status_set(status, DL_STATUS_CODE(HB_STATUS_DOMAIN, op, err), eg, ev, M);
@@ -233,6 +240,16 @@ __device__ __forceinline__ int hb_pick(const hb_sched *sc, const int *tstart, co
     const int g = hb_group(ts, G, i);
     *local = i - ts[g];
     return g;
+}
+
+// hb_place sets the row tile *mt and column tile *nt of tile local of a group of mtiles row
+// tiles (of sc->nc column tiles each): bands of sc->band row tiles, row tiles innermost.
+__device__ __forceinline__ void hb_place(const hb_sched *sc, int local, int mtiles, int *mt, int *nt) {
+    const int per = sc->band * sc->nc; // tiles of a whole band
+    const int b = local / per, q = local - b * per;
+    const int w = min(sc->band, mtiles - b * sc->band);
+    *mt = b * sc->band + q % w;
+    *nt = q / w;
 }
 
 // Epilogues of the forward kernels (EPI): HB_EPI_DIRECT stores each thread's pairs of
@@ -284,7 +301,7 @@ __device__ __forceinline__ void hb_store_staged(const float *d, unsigned char *w
 
 template <int BMN, int F32OUT, int EPI>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
-                                           int Kc, i64 *status, int op, int light, int *next) {
+                                           int Kc, i64 *status, int op, int light, int band, int *next) {
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
@@ -301,7 +318,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     const int tid = threadIdx.x;
     const int ntn = (N + HB_BN - 1) / HB_BN;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, ntn, light, tstart, lstart, &sc, rstart, status, op, full, empty, HB_STAGES, 256);
+        const int e = hb_setup(sizes, G, M, ntn, light, band, tstart, lstart, &sc, rstart, status, op, full, empty, HB_STAGES, 256);
         if (tid == 0) {
             bad = e;
             for (int i = 0; i < HB_TQ; i++) hb_mbar_init(&tbar[i], 1), hb_mbar_init(&tbar[HB_TQ + i], 256);
@@ -331,7 +348,8 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                 int local;
                 int g = hb_pick(&sc, tstart, lstart, G, tile, &local);
                 int mtiles = (rstart[g + 1] - rstart[g] + HB_BM - 1) / HB_BM;
-                int mt = local % mtiles, nt = local / mtiles;
+                int mt, nt;
+                hb_place(&sc, local, mtiles, &mt, &nt);
                 int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
                 for (int kb = 0; kb < nkb; kb++, it++) {
                     int st = it % HB_STAGES;
@@ -366,7 +384,8 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
             int g = hb_pick(&sc, tstart, lstart, G, tile, &local);
             int sz = rstart[g + 1] - rstart[g];
             int mtiles = (sz + HB_BM - 1) / HB_BM;
-            int mt = local % mtiles, nt = local / mtiles;
+            int mt, nt;
+            hb_place(&sc, local, mtiles, &mt, &nt);
             int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
             int rows = min(HB_BM, sz - mt * HB_BM);
             // A warpgroup whose 64 rows all lie past the group's end keeps the barrier
@@ -465,7 +484,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     __shared__ int bad;
     const int tid = threadIdx.x;
     if (tid < 32) {
-        const int e = hb_setup(sizes, G, M, 0, 0, nullptr, nullptr, nullptr, rstart, status, op, full, empty, S, 256);
+        const int e = hb_setup(sizes, G, M, 0, 0, 0, nullptr, nullptr, nullptr, rstart, status, op, full, empty, S, 256);
         if (tid == 0) bad = e;
     }
     __syncthreads();
@@ -622,7 +641,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, next);
+#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, band, next);
 #else
 #define HB_BODY(BMN, F32, EPI)
 #endif
@@ -630,7 +649,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #define HB_KERNEL(NAME, BMN, F32, EPI)                                                                                   \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
-             int M, int N, int Kc, i64 *status, int op, int light, int *next) {                                        \
+             int M, int N, int Kc, i64 *status, int op, int light, int band, int *next) {                              \
         HB_BODY(BMN, F32, EPI)                                                                                           \
     }
 
