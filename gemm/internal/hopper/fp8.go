@@ -4,7 +4,6 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
 
 	"github.com/dropless/dropless/device"
@@ -47,7 +46,7 @@ var fp8Single = os.Getenv("DROPLESS_FP8_CLUSTER") != "2"
 // (DROPLESS_FP8_ROWS) forces the 128-row kernels or the _m192 kernels (three consumer
 // warpgroups: docs/perf.md, the sixth round), for comparisons. The MXFP8 kernels and the
 // two-CTA kernels have 128-row tiles.
-var fp8Rows, _ = strconv.Atoi(os.Getenv("DROPLESS_FP8_ROWS"))
+var fp8Rows = envInt("DROPLESS_FP8_ROWS", 0)
 
 // fp8TallWins reports whether tiles of 192 rows serve groups of about m rows better than
 // tiles of 128: their higher rate on long groups (about 8% on the forward at 2,048 rows a
