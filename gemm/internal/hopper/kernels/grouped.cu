@@ -129,21 +129,21 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
 // Tile schedule of the forward kernels. A group of fewer than light rows (one row tile by
 // default) is light: its tiles stream the group's whole weight tile for little math, bound
 // by memory; the other groups' tiles are heavy, bound by the tensor cores. The T tiles are
-// walked in a merged order that spreads the L light tiles evenly among the others
-// (position p is light when floor((p+1)·L/T) > floor(p·L/T)), so that the light tiles'
-// memory traffic overlaps the heavy tiles' math instead of running in bursts. Within each
-// class tiles follow the groups' order, each group's row tiles innermost within bands of
-// row tiles (below), so that CTAs running together share a weight tile. Positions are dealt round-robin (CTA b takes
-// b, b + gridDim.x, ...) up to the last HB_CLAIMED rounds; the CTAs then claim the rest one
-// at a time from a counter in global memory, so that tiles of unequal cost (short tiles,
-// uneven memory traffic) even out at the end. Dealing the early rounds keeps the CTAs that
-// share a weight tile in step, which claiming all of them loses (more L2 traffic).
-// Within a group the row tiles are walked in bands of band row tiles (the last band may be
-// shorter), each band's tiles with its row tiles innermost (hb_place): a large group's CTAs
-// running together then cover about band row tiles × gridDim.x/band column tiles instead of
-// one column tile of many row tiles, so that the A rows and B columns they read from L2 at
-// each step of the contraction are few, and fewer are re-read from memory for the next
-// column tiles.
+// walked in a merged order that spreads the L light tiles evenly among the others (position
+// p is light when floor((p+1)·L/T) > floor(p·L/T)), so that the light tiles' memory traffic
+// overlaps the heavy tiles' math instead of running in bursts. Within each class tiles
+// follow the groups' order, each group's row tiles innermost within bands of row tiles
+// (below), so that CTAs running together share a weight tile. Positions are dealt
+// round-robin (CTA b takes b, b + gridDim.x, ...) up to the last HB_CLAIMED rounds; the
+// CTAs then claim the rest one at a time from a counter in global memory, so that tiles of
+// unequal cost (short tiles, uneven memory traffic) even out at the end. Dealing the early
+// rounds keeps the CTAs that share a weight tile in step, which claiming all of them loses
+// (more L2 traffic). Within a group the row tiles are walked in bands of band row tiles
+// (the last band may be shorter), each band's tiles with its row tiles innermost
+// (hb_place): a large group's CTAs running together then cover about band row tiles ×
+// gridDim.x/band column tiles instead of one column tile of many row tiles, so that the A
+// rows and B columns they read from L2 at each step of the contraction are few, and fewer
+// are re-read from memory for the next column tiles.
 // sched holds L and T, the band and the column tiles nc per row tile, computed once by warp 0.
 struct hb_sched {
     unsigned L, T;
@@ -151,12 +151,13 @@ struct hb_sched {
 };
 
 // hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
-// rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per BM-row
-// block: tstart for the heavy groups, lstart for the light ones, with sc the schedule's
-// constants and its bands of band row tiles, 0 for none: each group one band), 32 groups at a time with warp shuffles, records the first invalid size in
-// status (block 0 only; null: none) as an error of op and initializes the S-stage barrier
-// ring (full: one arrival and the transaction bytes; empty: ecount arrivals). It returns,
-// in every lane, the error code: 0, 1 (a negative size) or 2 (sizes sum past M).
+// rstart[0..G] (and, when tstart is not null, tile offsets of ntn tiles per BM-row block:
+// tstart for the heavy groups, lstart for the light ones, with sc the schedule's constants
+// and its bands of band row tiles, 0 for none: each group one band), 32 groups at a time
+// with warp shuffles, records the first invalid size in status (block 0 only; null: none)
+// as an error of op and initializes the S-stage barrier ring (full: one arrival and the
+// transaction bytes; empty: ecount arrivals). It returns, in every lane, the error code: 0,
+// 1 (a negative size) or 2 (sizes sum past M).
 template <int BM = HB_BM>
 __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn, int light, int band, int *tstart, int *lstart,
                                         hb_sched *sc, int *rstart, i64 *status, int op, u64 *full, u64 *empty, int S,
