@@ -55,7 +55,10 @@
 //     stores), and two consumer warpgroups run wgmma m64n256k16 on them with f32
 //     accumulators. The forward deals tile positions round-robin, spreading the tiles
 //     of short groups among the others, and its CTAs claim the last rounds of tiles
-//     from a per-call counter. The weight gradient contracts over each group's rows
+//     from a per-call counter (every round when the largest group is more than twice
+//     the mean); the tiles of a last, part-filled round are split along the
+//     contraction, their f32 partial sums added in a fixed order, so that a call's
+//     result is the same on every run. The weight gradient contracts over each group's rows
 //     (ragged K). bf16 calls that fit them but for the alignment of their rows or
 //     pointers run on them through padded copies (see Unaligned shapes).
 //     DROPLESS_GEMM_KERNEL=mma, read when the package is initialized, turns them off.

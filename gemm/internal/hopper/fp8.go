@@ -372,7 +372,8 @@ func fp8Forward(s *device.Stream, prefix string, tall bool, y, a, b, sizes *devi
 		return
 	}
 	var noCounter *device.Tensor
-	err = z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), y.DType() == device.F32, noCounter)
+	err = z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), y.DType() == device.F32, noCounter,
+		noCounter, int32(0))
 	return
 }
 

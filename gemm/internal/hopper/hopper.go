@@ -44,6 +44,18 @@ var epilogue = os.Getenv("DROPLESS_GEMM_EPILOGUE")
 // comparisons.
 var bandRows = envInt("DROPLESS_GEMM_BAND", 2048)
 
+// claimRounds is how many of the bf16 forward kernels' last rounds of tiles the CTAs
+// claim from the call's counter instead of taking them dealt round-robin (see the
+// kernels' tile schedule): by default (-1) every round on a skewed routing and the last
+// three otherwise, chosen on the device; DROPLESS_GEMM_CLAIM=n claims n rounds, for
+// comparisons.
+var claimRounds = envInt("DROPLESS_GEMM_CLAIM", -1)
+
+// splitTiles lets the bf16 forward kernels split the tiles of a last, part-filled round
+// along the contraction (see the kernels' source); DROPLESS_GEMM_SPLIT=0 turns it off,
+// for comparisons.
+var splitTiles = envInt("DROPLESS_GEMM_SPLIT", 1) != 0
+
 // envInt returns the integer value of the environment variable name, or def when it is
 // unset or not an integer.
 func envInt(name string, def int) int {
@@ -182,11 +194,31 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 		}
 		defer counter.Free()
 	}
-	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, counter); err != nil {
+	// The split tiles' partial sums and counters (see the kernels' source), for calls
+	// whose contraction is deep enough to split: P·128·256 floats (16.5 MiB on 132 SMs),
+	// in stream order. Without the memory the call runs unsplit.
+	P := s.Multiprocessors()
+	var part, cnt *device.Tensor
+	if splitTiles && ceilDiv(Kc, bk) >= 8 {
+		if part, err = s.Alloc(device.F32, P*bm*bn); err == nil {
+			defer part.Free()
+			if cnt, err = s.Alloc(device.I32, P); err == nil {
+				defer cnt.Free()
+			} else {
+				part = nil
+			}
+		}
+	}
+	ncnt := int32(0)
+	if cnt != nil {
+		ncnt = int32(P)
+	}
+	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, counter,
+		cnt, ncnt); err != nil {
 		return err
 	}
-	return k.Launch(s, device.D1(s.Multiprocessors()), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(bm), counter)
+	return k.Launch(s, device.D1(P), device.D1(384), smemBytes, tmA, tmB, y, sizes,
+		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(bm), int32(claimRounds), counter, part, cnt)
 }
 
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and

@@ -92,6 +92,10 @@ func TestGroupedGEMM(t *testing.T) {
 		{"mnmaj_ragged_n328", 700, 256, 328, []int32{65, 63, 1, 300, 200}, true, device.BF16},
 		// Groups of more than one band of row tiles (bandRows), the last band short.
 		{"kmaj_bands", 6000, 64, 768, []int32{2900, 0, 2600, 1, 300}, false, device.BF16},
+		// Fewer tiles than CTAs, a contraction of 32 k-blocks: every tile split in 6 units,
+		// a tile of 50 rows (one warpgroup idle), a light group.
+		{"kmaj_split", 1000, 2048, 512, []int32{300, 50, 0, 129, 400}, false, device.BF16},
+		{"mnmaj_split", 1000, 2048, 512, []int32{300, 50, 0, 129, 400}, true, device.BF16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := dt.Rand(7)
@@ -181,6 +185,69 @@ func TestBands(t *testing.T) {
 		for _, x := range []*device.Tensor{a, b, sz} {
 			x.Free()
 		}
+	}
+}
+
+// TestSplitTiles: a last round of fewer tiles than CTAs is split along the contraction
+// into units whose partial sums the last of them adds up. Against the unsplit kernels
+// the sums differ only in their order (f32 rounding); the split result is the same bytes
+// on every run and whichever rounds the CTAs claim (a uniform routing dealt, a skewed one
+// claimed).
+func TestSplitTiles(t *testing.T) {
+	d := hopperGPU(t)
+	s := d.Stream()
+	defer func(c int, on bool) { claimRounds, splitTiles = c, on }(claimRounds, splitTiles)
+	const M, K, N = 4480, 4096, 1024
+	for _, tc := range []struct {
+		name  string
+		sizes []int32
+		bMN   bool
+	}{
+		{"uniform", []int32{M}, false},                   // 140 tiles: 8 split in 16 units each
+		{"skewed", []int32{3000, 100, 0, 1, 1379}, true}, // 148 tiles: 16 split in 8
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			G := len(tc.sizes)
+			shape := []int{G, N, K}
+			if tc.bMN {
+				shape = []int{G, K, N}
+			}
+			a := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(31), M*K, 1), M, K))
+			b := dt.Must(device.FromFloat32(s, device.BF16, dt.Normal(dt.Rand(32), G*K*N, 1), shape...))
+			sz := dt.Must(device.FromSlice(s, device.I32, tc.sizes, G))
+			defer func() {
+				for _, x := range []*device.Tensor{a, b, sz} {
+					x.Free()
+				}
+			}()
+			run := func(split bool, claim int) []float32 {
+				splitTiles, claimRounds = split, claim
+				y := dt.Must(s.Alloc(device.F32, M, N))
+				defer y.Free()
+				dt.Poison(t, s, y)
+				dt.NoErr(t, GroupedGEMM(s, y, a, b, sz, nil, 1, nil, tc.bMN))
+				return dt.Must(y.Float32s(s))
+			}
+			whole, split := run(false, -1), run(true, -1)
+			differ := 0
+			for i := range whole {
+				e := math.Abs(float64(split[i] - whole[i]))
+				if math.IsNaN(float64(split[i])) || e > 1e-5*math.Abs(float64(whole[i]))+1e-3 {
+					t.Fatalf("y[%d,%d] = %v split, %v whole", i/N, i%N, split[i], whole[i])
+				}
+				if e != 0 {
+					differ++
+				}
+			}
+			if differ == 0 {
+				t.Errorf("split and whole tiles gave the same bits everywhere: no tile was split")
+			}
+			for _, claim := range []int{-1, 0, 1 << 20} {
+				if diff := cmp.Diff(split, run(true, claim)); diff != "" {
+					t.Errorf("split tiles, %d claimed rounds, against the first run:\n%.1000s", claim, diff)
+				}
+			}
+		})
 	}
 }
 

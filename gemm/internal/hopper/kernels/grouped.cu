@@ -32,6 +32,7 @@ struct __align__(64) dl_tmap {
 #define HB_MAXG 1024
 #define HB_TQ 4
 #define HB_CLAIMED 3
+#define HB_SPLIT_MAX 16
 
 // Status records are those of package gemm (its domain; op is the gemm call's form):
 // DL_STATUS_CODE(HB_STATUS_DOMAIN, op, 1) for a negative size, values (group, size, M);
@@ -39,10 +40,13 @@ struct __align__(64) dl_tmap {
 #define HB_STATUS_DOMAIN 1
 
 // Tail: zero rows [sum(sizes), M) of y. Does nothing for invalid sizes. Warp 0 sums the
-// sizes, 32 at a time.
-extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32, int *next) {
+// sizes, 32 at a time. It also zeroes the forward's tile counter next and the ncnt
+// counters cnt of its split tiles (either may be null), as it runs first.
+extern "C" __global__ void dl_hopper_zero_tail(void *y, const int *sizes, int G, int M, int N, int f32, int *next, int *cnt, int ncnt) {
     __shared__ int tot;
     if (next && blockIdx.x == 0 && threadIdx.x == 0) *next = 0;
+    if (cnt && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < ncnt; i += blockDim.x) cnt[i] = 0;
     if (threadIdx.x < 32) {
         long long s = 0;
         int neg = 0;
@@ -134,20 +138,24 @@ __device__ __forceinline__ void dl_wgmma_m64n256k16(float *d, unsigned long long
 // overlaps the heavy tiles' math instead of running in bursts. Within each class tiles
 // follow the groups' order, each group's row tiles innermost within bands of row tiles
 // (below), so that CTAs running together share a weight tile. Positions are dealt
-// round-robin (CTA b takes b, b + gridDim.x, ...) up to the last HB_CLAIMED rounds; the
-// CTAs then claim the rest one at a time from a counter in global memory, so that tiles of
-// unequal cost (short tiles, uneven memory traffic) even out at the end. Dealing the early
-// rounds keeps the CTAs that share a weight tile in step, which claiming all of them loses
-// (more L2 traffic). Within a group the row tiles are walked in bands of band row tiles
+// round-robin (CTA b takes b, b + gridDim.x, ...) up to the last claim rounds; the CTAs
+// then claim the rest one at a time from a counter in global memory, so that tiles of
+// unequal cost (short tiles, uneven memory traffic) even out at the end. Where the tiles
+// cost alike, dealing keeps the CTAs that share a weight tile in step, which claiming all
+// of them loses (more L2 traffic); on a skewed routing (the largest group more than twice
+// the mean: tiles of unequal cost) dealt CTAs drift apart, and claiming every position
+// keeps those that start together on neighbouring tiles (claim < 0 chooses so by the
+// sizes). Within a group the row tiles are walked in bands of band row tiles
 // (the last band may be shorter), each band's tiles with its row tiles innermost
 // (hb_place): a large group's CTAs running together then cover about band row tiles ×
 // gridDim.x/band column tiles instead of one column tile of many row tiles, so that the A
 // rows and B columns they read from L2 at each step of the contraction are few, and fewer
 // are re-read from memory for the next column tiles.
-// sched holds L and T, the band and the column tiles nc per row tile, computed once by warp 0.
+// sched holds L and T, the band and the column tiles nc per row tile, and whether the
+// routing is skewed, computed once by warp 0.
 struct hb_sched {
     unsigned L, T;
-    int band, nc;
+    int band, nc, skew;
 };
 
 // hb_setup, run by the 32 threads of warp 0: scans the group sizes into row offsets
@@ -164,11 +172,12 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
                                         int ecount) {
     const int lane = threadIdx.x & 31;
     long long r = 0;
-    int t = 0, l = 0, err = 0, eg = 0;
+    int t = 0, l = 0, err = 0, eg = 0, mx = 0;
     long long ev = 0;
     for (int base = 0; base < G; base += 32) {
         const int g = base + lane;
         const int sz = g < G ? sizes[g] : 0;
+        mx = max(mx, sz);
         const int nt = sz > 0 ? ((sz + BM - 1) / BM) * ntn : 0;
         const int tl = sz < light ? 0 : nt, ll = sz < light ? nt : 0;
         long long rin = sz; // inclusive prefix sums within the 32 groups
@@ -200,12 +209,15 @@ __device__ __forceinline__ int hb_setup(const int *sizes, int G, int M, int ntn,
         t += __shfl_sync(DL_FULL, tin, 31);
         l += __shfl_sync(DL_FULL, lin, 31);
     }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) mx = max(mx, __shfl_xor_sync(DL_FULL, mx, o));
     if (lane == 0) {
         if (!err) {
             rstart[G] = (int)r;
             if (tstart) {
                 tstart[G] = t, lstart[G] = l;
                 sc->L = l, sc->T = t + l, sc->band = band > 0 ? band : max(1, (M + BM - 1) / BM), sc->nc = ntn;
+                sc->skew = (long long)mx * G > 2 * r;
             }
         }
         if (err && blockIdx.x == 0) dl_status_set(status, DL_STATUS_CODE(HB_STATUS_DOMAIN, op, err), eg, ev, M);
@@ -251,6 +263,38 @@ __device__ __forceinline__ void hb_place(const hb_sched *sc, int local, int mtil
     const int w = min(sc->band, mtiles - b * sc->band);
     *mt = b * sc->band + q % w;
     *nt = q / w;
+}
+
+// Split tiles. Where the T tiles leave a last round of R < gridDim.x tiles, that round
+// would keep gridDim.x − R CTAs idle for a whole tile (3% of mixtral's input gradient:
+// 4,096 tiles of 448 k-blocks on 132 CTAs). With a workspace, each of those R tiles is
+// split along the contraction into s = min(HB_SPLIT_MAX, gridDim.x / R, k-blocks / 4)
+// units at positions T − R + [0, R·s): unit q (counted from T − R) is part q % s of tile
+// T − R + q / s and takes its k-blocks [part·nkb/s, (part+1)·nkb/s). Each unit writes its f32 partial
+// sums to slot (its position − (T − R)) of the workspace and counts itself on its tile's
+// counter; the unit that counts last sums the tile's s partials in the order of their
+// k-ranges, whichever CTA it runs on, and stores the tile: the result depends on the
+// sizes only, as the tiles' do. No unit waits for another (a CTA may run two units of
+// one tile).
+struct hb_span {
+    int tile, k0, k1, u; // u: the unit's index from T − R, −1 for a whole tile
+};
+
+// hb_split returns the units per split tile for T tiles of nkb k-blocks on P CTAs, 1 for
+// none; ws says whether the call has a workspace.
+__device__ __forceinline__ int hb_split(int T, int nkb, int P, bool ws) {
+    const int R = T % P;
+    if (!ws || R == 0) return 1;
+    return max(1, min(HB_SPLIT_MAX, min(P / R, nkb / 4)));
+}
+
+// hb_unit returns the span of position p of a walk of T tiles of nkb k-blocks, the last
+// R = T % P split into s units each (s = 1: none).
+__device__ __forceinline__ hb_span hb_unit(int p, int T, int nkb, int P, int s) {
+    const int base = T - T % P;
+    if (s <= 1 || p < base) return hb_span{p, 0, nkb, -1};
+    const int q = p - base, part = q % s;
+    return hb_span{base + q / s, part * nkb / s, (part + 1) * nkb / s, q};
 }
 
 // Epilogues of the forward kernels (EPI): HB_EPI_DIRECT stores each thread's pairs of
@@ -302,7 +346,8 @@ __device__ __forceinline__ void hb_store_staged(const float *d, unsigned char *w
 
 template <int BMN, int F32OUT, int EPI>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
-                                           int Kc, i64 *status, int op, int light, int band, int *next) {
+                                           int Kc, i64 *status, int op, int light, int band, int claim, int *next, float *part,
+                                           int *cnt) {
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
@@ -327,8 +372,11 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
     }
     __syncthreads();
     if (bad) return;
-    const int total = tstart[G] + lstart[G];
+    const int tiles = tstart[G] + lstart[G];
     const int nkb = (Kc + HB_BK - 1) / HB_BK;
+    const int P = gridDim.x;
+    const int ns = hb_split(tiles, nkb, P, part != nullptr); // units per split tile
+    const int total = ns > 1 ? tiles - tiles % P + (tiles % P) * ns : tiles; // positions
     // The warpgroup index, broadcast from lane 0 so that the compiler sees it uniform over
     // the warp: the branch on active below must not look divergent, or ptxas serializes
     // every wgmma (waiting for each before issuing the next).
@@ -337,7 +385,8 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
-            const int fixed = max(0, total / (int)gridDim.x - HB_CLAIMED) * (int)gridDim.x;
+            const int rounds = claim >= 0 ? claim : sc.skew ? total : HB_CLAIMED;
+            const int fixed = max(0, total / P - rounds) * P;
             for (int j = 0;; j++) {
                 const int slot = j % HB_TQ;
                 hb_mbar_wait(&tbar[HB_TQ + slot], ((j / HB_TQ) & 1) ^ 1);
@@ -346,13 +395,14 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                 tq[slot] = tile < total ? tile : -1;
                 hb_mbar_arrive(&tbar[slot]);
                 if (tile >= total) break;
+                const hb_span sp = hb_unit(tile, tiles, nkb, P, ns);
                 int local;
-                int g = hb_pick(&sc, tstart, lstart, G, tile, &local);
+                int g = hb_pick(&sc, tstart, lstart, G, sp.tile, &local);
                 int mtiles = (rstart[g + 1] - rstart[g] + HB_BM - 1) / HB_BM;
                 int mt, nt;
                 hb_place(&sc, local, mtiles, &mt, &nt);
                 int row0 = rstart[g] + mt * HB_BM, n0 = nt * HB_BN;
-                for (int kb = 0; kb < nkb; kb++, it++) {
+                for (int kb = sp.k0; kb < sp.k1; kb++, it++) {
                     int st = it % HB_STAGES;
                     u32 ph = (it / HB_STAGES) & 1;
                     hb_mbar_wait(&empty[st], ph ^ 1);
@@ -373,6 +423,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int c = wg - 1;
         const int w = (tid % 128) / 32, lane = tid % 32;
+        __shared__ int last; // the unit counted last on its tile
         float d[128];
         int it = 0, prev = 0;
         for (int j = 0;; j++) {
@@ -381,8 +432,9 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
             const int tile = tq[slot];
             hb_mbar_arrive(&tbar[HB_TQ + slot]);
             if (tile < 0) break;
+            const hb_span sp = hb_unit(tile, tiles, nkb, P, ns);
             int local;
-            int g = hb_pick(&sc, tstart, lstart, G, tile, &local);
+            int g = hb_pick(&sc, tstart, lstart, G, sp.tile, &local);
             int sz = rstart[g + 1] - rstart[g];
             int mtiles = (sz + HB_BM - 1) / HB_BM;
             int mt, nt;
@@ -392,7 +444,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
             // A warpgroup whose 64 rows all lie past the group's end keeps the barrier
             // protocol but issues no wgmma, leaving the tensor cores to the other one.
             const bool active = c * 64 < rows;
-            for (int kb = 0; kb < nkb; kb++, it++) {
+            for (int kb = sp.k0; kb < sp.k1; kb++, it++) {
                 int st = it % HB_STAGES;
                 u32 ph = (it / HB_STAGES) & 1;
                 hb_mbar_wait(&full[st], ph);
@@ -408,21 +460,58 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                     u64 da = hb_desc(sa + kk * 32, 0, 1024);
                     if (BMN) {
                         u64 db = hb_desc(sb + kk * 2048, 8192, 1024);
-                        dl_wgmma_m64n256k16<0, 1>(d, da, db, (kb | kk) != 0);
+                        dl_wgmma_m64n256k16<0, 1>(d, da, db, kb > sp.k0 || kk);
                     } else {
                         u64 db = hb_desc(sb + kk * 32, 0, 1024);
-                        dl_wgmma_m64n256k16<0, 0>(d, da, db, (kb | kk) != 0);
+                        dl_wgmma_m64n256k16<0, 0>(d, da, db, kb > sp.k0 || kk);
                     }
                 }
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 // Keep one batch in flight: release the previous stage once its batch is done.
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (kb > 0) hb_mbar_arrive(&empty[prev]);
+                if (kb > sp.k0) hb_mbar_arrive(&empty[prev]);
                 prev = st;
             }
-            if (!active) continue;
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            if (EPI == HB_EPI_STAGED && nkb > 0) {
+            const bool ran = active && sp.k1 > sp.k0; // holds stage prev
+            if (ran) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (sp.u >= 0) {
+                // A unit of a split tile: its partial sums to its slot, then the count; the
+                // last unit sums the tile's slots and stores the tile. Both consumer
+                // warpgroups take part in the barriers; an idle one stores nothing.
+                const int ct = tid - 128;
+                if (ran) {
+                    float4 *wp = (float4 *)part + (size_t)sp.u * (HB_BM * HB_BN / 4) + ct;
+#pragma unroll
+                    for (int i = 0; i < 32; i++) __stcg(wp + i * 256, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+                }
+                __threadfence();
+                asm volatile("bar.sync 1, 256;\n" ::: "memory");
+                if (ct == 0) last = atomicAdd(&cnt[sp.tile - (tiles - tiles % P)], 1) == ns - 1;
+                asm volatile("bar.sync 1, 256;\n" ::: "memory");
+                // Broadcast from lane 0, uniform over the warp as wg is (see above).
+                if (!__shfl_sync(DL_FULL, last, 0)) {
+                    if (ran) hb_mbar_arrive(&empty[prev]);
+                    continue;
+                }
+                __threadfence();
+                if (!active) continue;
+                const float4 *rp = (const float4 *)part + (size_t)(sp.u - sp.u % ns) * (HB_BM * HB_BN / 4) + ct;
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    const float4 v = __ldcg(rp + i * 256);
+                    d[4 * i] = v.x, d[4 * i + 1] = v.y, d[4 * i + 2] = v.z, d[4 * i + 3] = v.w;
+                }
+                for (int q = 1; q < ns; q++) {
+#pragma unroll
+                    for (int i = 0; i < 32; i++) {
+                        const float4 v = __ldcg(rp + (size_t)q * (HB_BM * HB_BN / 4) + i * 256);
+                        d[4 * i] += v.x, d[4 * i + 1] += v.y, d[4 * i + 2] += v.z, d[4 * i + 3] += v.w;
+                    }
+                }
+            } else if (!active) {
+                continue;
+            }
+            if (EPI == HB_EPI_STAGED && ran) {
                 // Each warp's rows pass through its 2 KB of the warpgroup's A rows in the
                 // tile's last stage, which its MMAs have finished reading; the stage goes
                 // back to the producer after the epilogue.
@@ -431,7 +520,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                 hb_mbar_arrive(&empty[prev]);
                 continue;
             }
-            if (nkb > 0) hb_mbar_arrive(&empty[prev]);
+            if (ran) hb_mbar_arrive(&empty[prev]);
             // Epilogue: thread holds rows r and r+8, columns 8j + 2(lane%4) + {0,1}.
             int r = c * 64 + w * 16 + lane / 4;
 #pragma unroll
@@ -642,7 +731,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, band, next);
+#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, band, claim, next, part, cnt);
 #else
 #define HB_BODY(BMN, F32, EPI)
 #endif
@@ -650,7 +739,8 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #define HB_KERNEL(NAME, BMN, F32, EPI)                                                                                   \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
-             int M, int N, int Kc, i64 *status, int op, int light, int band, int *next) {                              \
+             int M, int N, int Kc, i64 *status, int op, int light, int band, int claim, int *next, float *part,     \
+             int *cnt) {                                                                                               \
         HB_BODY(BMN, F32, EPI)                                                                                           \
     }
 
