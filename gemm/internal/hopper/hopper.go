@@ -194,31 +194,38 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 		}
 		defer counter.Free()
 	}
-	// The split tiles' partial sums and counters (see the kernels' source), for calls
-	// whose contraction is deep enough to split: P·128·256 floats (16.5 MiB on 132 SMs),
-	// in stream order. Without the memory the call runs unsplit.
 	P := s.Multiprocessors()
-	var part, cnt *device.Tensor
-	if splitTiles && ceilDiv(Kc, bk) >= 8 {
-		if part, err = s.Alloc(device.F32, P*bm*bn); err == nil {
-			defer part.Free()
-			if cnt, err = s.Alloc(device.I32, P); err == nil {
-				defer cnt.Free()
-			} else {
-				part = nil
-			}
-		}
-	}
-	ncnt := int32(0)
-	if cnt != nil {
-		ncnt = int32(P)
+	part, cnt := splitWorkspace(s, P, Kc)
+	if part != nil {
+		defer part.Free()
+		defer cnt.Free()
 	}
 	if err := z.Launch(s, device.D1(d.Multiprocessors()), device.D1(256), 0, y, sizes, int32(G), int32(M), int32(N), f32, counter,
-		cnt, ncnt); err != nil {
+		cnt, int32(P)); err != nil {
 		return err
 	}
 	return k.Launch(s, device.D1(P), device.D1(384), smemBytes, tmA, tmB, y, sizes,
 		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(bm), int32(claimRounds), counter, part, cnt)
+}
+
+// splitWorkspace returns, allocated in s's order, the workspace of the bf16 forward
+// kernels' split tiles on P CTAs (see the kernels' source): the partial sums part
+// (P·128·256 F32, 16.5 MiB on 132 SMs) and the counters cnt (P I32, zeroed by the tail
+// kernel). It returns two nils, and the call runs unsplit, where splitting is off, the
+// contraction of Kc has fewer than 8 k-blocks or the memory is not there.
+func splitWorkspace(s *device.Stream, P, Kc int) (part, cnt *device.Tensor) {
+	if !splitTiles || ceilDiv(Kc, bk) < 8 {
+		return nil, nil
+	}
+	part, err := s.Alloc(device.F32, P*bm*bn)
+	if err != nil {
+		return nil, nil
+	}
+	if cnt, err = s.Alloc(device.I32, P); err != nil {
+		part.Free()
+		return nil, nil
+	}
+	return part, cnt
 }
 
 // WeightGrad computes dw[g] = x_gᵀ·dy_g (dw [G,K,N]) for the row groups of x [M,K] and

@@ -274,8 +274,8 @@ __device__ __forceinline__ void hb_place(const hb_sched *sc, int local, int mtil
 // sums to slot (its position − (T − R)) of the workspace and counts itself on its tile's
 // counter; the unit that counts last sums the tile's s partials in the order of their
 // k-ranges, whichever CTA it runs on, and stores the tile: the result depends on the
-// sizes only, as the tiles' do. No unit waits for another (a CTA may run two units of
-// one tile).
+// sizes and the grid only (the same bytes on every run of a call). No unit waits for
+// another (a CTA may run two units of one tile).
 struct hb_span {
     int tile, k0, k1, u; // u: the unit's index from T − R, −1 for a whole tile
 };
