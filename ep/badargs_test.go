@@ -58,6 +58,11 @@ func (f *fixture) mx(m int, opt quant.Options) *quant.MXFP8 {
 	return dt.Must(quant.Quantize(f.s, f.alloc(device.F32, m, fxH), opt))
 }
 
+// bw returns the blockwise quantization of an F32 [m, fxH] tensor with opt.
+func (f *fixture) bw(m int, opt quant.BlockOptions) *quant.Blockwise {
+	return dt.Must(quant.QuantizeBlockwise(f.s, f.alloc(device.F32, m, fxH), opt))
+}
+
 // freed returns a tensor that has been freed.
 func (f *fixture) freed(d device.DType, shape ...int) *device.Tensor {
 	return dt.Freed(f.t, f.s, d, shape...)
@@ -231,6 +236,72 @@ func TestBadArgs(t *testing.T) {
 			return errOf(f.l.DispatchMXFP8(f.s, q, nil))
 		}, []string{"DispatchMXFP8: q.K is -1", "want H ≥ 0"}},
 
+		// DispatchBlockwise.
+		{"DispatchBlockwise/nil layout", func(f *fixture) error {
+			return errOf((*ep.Layout)(nil).DispatchBlockwise(f.s, f.bw(fxT, quant.BlockOptions{}), nil))
+		}, []string{"DispatchBlockwise", "nil Layout"}},
+		{"DispatchBlockwise/nil stream", func(f *fixture) error {
+			return errOf(f.l.DispatchBlockwise(nilStream, f.bw(fxT, quant.BlockOptions{}), nil))
+		}, []string{"DispatchBlockwise", "nil stream"}},
+		{"DispatchBlockwise/nil q", func(f *fixture) error { return errOf(f.l.DispatchBlockwise(f.s, nil, nil)) }, []string{"DispatchBlockwise: q is nil"}},
+		{"DispatchBlockwise/columnwise q", func(f *fixture) error {
+			return errOf(f.l.DispatchBlockwise(f.s, f.bw(fxT, quant.BlockOptions{Dir: quant.Columnwise}), nil))
+		}, []string{"DispatchBlockwise: q.Dir is columnwise", "rowwise form"}},
+		{"DispatchBlockwise/no RowScale", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.RowScale = nil
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q has no rowwise form"}},
+		{"DispatchBlockwise/grouped", func(f *fixture) error {
+			gs := dt.Must(device.FromSlice(f.s, device.I32, []int32{fxT}, 1))
+			return errOf(f.l.DispatchBlockwise(f.s, f.bw(fxT, quant.BlockOptions{GroupSizes: gs}), nil))
+		}, []string{"DispatchBlockwise: q has a grouped layout (1 groups)"}},
+		{"DispatchBlockwise/q.M", func(f *fixture) error {
+			return errOf(f.l.DispatchBlockwise(f.s, f.bw(fxT+1, quant.BlockOptions{}), nil))
+		}, []string{"DispatchBlockwise: q.M is 3", "2 tokens"}},
+		{"DispatchBlockwise/q.K", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.K++
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.Row is e4m3[2 4]", "want e4m3[2 5]"}},
+		{"DispatchBlockwise/negative q.K", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.K = -1
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.K is -1", "want H ≥ 0"}},
+		{"DispatchBlockwise/q.Format", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.Format = quant.E5M2
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.Row is e4m3[2 4]", "want e5m2[2 4]"}},
+		{"DispatchBlockwise/q.Scale", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.Scale = 5
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.Scale is ScaleKind(5)", "f32 or pow2"}},
+		{"DispatchBlockwise/RowScale shape", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.RowScale = f.alloc(f32, 1, 2)
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.RowScale is f32[1 2]", "want f32[1 4]"}},
+		{"DispatchBlockwise/RowScale dtype", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.RowScale = f.alloc(device.E8M0, 1, 4)
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.RowScale is e8m0[1 4]"}},
+		{"DispatchBlockwise/freed RowScale", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			q.RowScale.Free()
+			return errOf(f.l.DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise: q.RowScale", "freed"}},
+		{"DispatchBlockwise/weights shape", func(f *fixture) error {
+			return errOf(f.l.DispatchBlockwise(f.s, f.bw(fxT, quant.BlockOptions{}), f.alloc(f32, fxT, fxK+1)))
+		}, []string{"DispatchBlockwise: weights is f32[2 3]", "want f32[2 2]"}},
+		{"DispatchBlockwise/freed layout", func(f *fixture) error {
+			q := f.bw(fxT, quant.BlockOptions{})
+			return errOf(f.freedLayout().DispatchBlockwise(f.s, q, nil))
+		}, []string{"DispatchBlockwise", "layout was freed"}},
+
 		// Combine.
 		{"Combine/nil layout", func(f *fixture) error { return errOf((*ep.Layout)(nil).Combine(f.s, f.y, nil)) }, []string{"Combine", "nil Layout"}},
 		{"Combine/freed layout", func(f *fixture) error { return errOf(f.freedLayout().Combine(f.s, f.y, nil)) }, []string{"Combine", "layout was freed"}},
@@ -321,9 +392,10 @@ func TestBadArgs(t *testing.T) {
 // TestFreeNil: freeing what a failed op returned (nil) is a no-op.
 func TestFreeNil(t *testing.T) {
 	for name, free := range map[string]func() error{
-		"Dispatched.Free":      (*ep.Dispatched)(nil).Free,
-		"DispatchedMXFP8.Free": (*ep.DispatchedMXFP8)(nil).Free,
-		"Layout.Free":          (*ep.Layout)(nil).Free,
+		"Dispatched.Free":          (*ep.Dispatched)(nil).Free,
+		"DispatchedMXFP8.Free":     (*ep.DispatchedMXFP8)(nil).Free,
+		"DispatchedBlockwise.Free": (*ep.DispatchedBlockwise)(nil).Free,
+		"Layout.Free":              (*ep.Layout)(nil).Free,
 	} {
 		if err := noPanic(free); err != nil {
 			t.Errorf("%s of nil: %v", name, err)

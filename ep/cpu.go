@@ -43,6 +43,9 @@ type backend interface {
 	// and each slot sl = slot[j, k] ≥ 0: dy[sl] = w[sl]·g, and dw[sl] = ⟨y[sl], g⟩ when
 	// dw and y are not nil (float32, summed as one warp of the GPU does: see warpDot).
 	replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot, w, y *device.Tensor) error
+	// transpose4 writes dst[j·ldd + i] = src[i·lds + j] for i < rows and j < cols, over
+	// elements of 4 bytes.
+	transpose4(s *device.Stream, dst, src *device.Tensor, rows, cols, ldd, lds int) error
 	// dwPack writes dst[j, k] = dW[slot[j, k]], or 0 where slot[j, k] < 0.
 	dwPack(s *device.Stream, dst, slot, dW *device.Tensor) error
 	// dwUnpack writes dweights[t, k] = back[sendRow[t, d], k] for the rank d of expert
@@ -354,6 +357,19 @@ func (cpuBackend) replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot, w
 						device.DecodeFloat32(dt, yv, yb[q*rb:(q+1)*rb])
 						dwv[q] = warpDot(yv, g)
 					}
+				}
+			}
+		})
+	})
+}
+
+func (cpuBackend) transpose4(s *device.Stream, dst, src *device.Tensor, rows, cols, ldd, lds int) error {
+	return s.EnqueueCPU(func() {
+		d, sr := device.Slice[uint32](dst), device.Slice[uint32](src)
+		par.For(cols, 64, func(lo, hi int) {
+			for j := lo; j < hi; j++ {
+				for i := range rows {
+					d[j*ldd+i] = sr[i*lds+j]
 				}
 			}
 		})

@@ -29,6 +29,11 @@
 // quant's ungrouped rowwise layout, for an MXFP8 ragged matrix product with the same
 // group sizes. A rowwise block lies within a row, so this is bit-identical to
 // dispatching the bf16 rows and quantizing after, and moves about half the bytes.
+// Layout.DispatchBlockwise does the same for blockwise FP8 rows (quant.QuantizeBlockwise
+// without groups, rowwise: 1×128 blocks, float32 or power-of-two scales), the recipe of
+// Hopper's FP8 GEMMs; their scales travel as one row per token, transposed out of and
+// back into quant's layout (scale blocks outer) around the exchange, and arrive as a
+// quant.Blockwise of Capacity rows ready for gemm.RaggedDotBlockwise.
 //
 // Layout.Combine multiplies each expert output by its weight and sums them per token on
 // the expert's rank, sends each (token, rank) partial sum back once, and adds the

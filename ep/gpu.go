@@ -259,6 +259,18 @@ func (b *gpuBackend) replicateScaled(s *device.Stream, dy, dw, src, rowMap, slot
 		int64(n), i32(K), int64(H), vec8(H, dy, src, y))
 }
 
+func (b *gpuBackend) transpose4(s *device.Stream, dst, src *device.Tensor, rows, cols, ldd, lds int) error {
+	if rows == 0 || cols == 0 {
+		return nil
+	}
+	k, err := b.dev.Kernel(kernels, "ep_transpose4")
+	if err != nil {
+		return err
+	}
+	grid := device.Dim3{X: (cols + 31) / 32, Y: min((rows+31)/32, 65535), Z: 1}
+	return k.Launch(s, grid, device.Dim3{X: 32, Y: 8, Z: 1}, 0, dst, src, int64(rows), int64(cols), int64(ldd), int64(lds))
+}
+
 func (b *gpuBackend) dwPack(s *device.Stream, dst, slot, dW *device.Tensor) error {
 	nk := slot.Len()
 	if nk == 0 {

@@ -583,6 +583,29 @@ EP_ARITH(f32, 0)
 EP_ARITH(bf16, 1)
 EP_ARITH(f16, 2)
 
+// Transpose of 4-byte elements: dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols
+// (the blockwise FP8 scales between quant's layout, scale blocks outer and rows
+// contiguous, and one row of scales per token, which the row kernels move). Tiles of
+// 32×32 through shared memory, blocks of 32×8 threads, looping over the row tiles past
+// gridDim.y.
+extern "C" __global__ void __launch_bounds__(256) ep_transpose4(u32 *__restrict__ dst, const u32 *__restrict__ src, i64 rows,
+                                                                i64 cols, i64 ldd, i64 lds) {
+    __shared__ u32 t[32][33];
+    const i64 j0 = (i64)blockIdx.x * 32;
+    for (i64 i0 = (i64)blockIdx.y * 32; i0 < rows; i0 += (i64)gridDim.y * 32) {
+        for (int y = threadIdx.y; y < 32; y += 8) {
+            const i64 i = i0 + y, j = j0 + threadIdx.x;
+            if (i < rows && j < cols) t[y][threadIdx.x] = src[i * lds + j];
+        }
+        __syncthreads();
+        for (int y = threadIdx.y; y < 32; y += 8) {
+            const i64 j = j0 + y, i = i0 + threadIdx.x;
+            if (i < rows && j < cols) dst[j * ldd + i] = t[threadIdx.x][y];
+        }
+        __syncthreads();
+    }
+}
+
 // dst[i] = dW[slot[i]], or 0 where slot[i] < 0, for i < nk.
 extern "C" __global__ void ep_dw_pack(float *__restrict__ dst, const int *__restrict__ slot, const float *__restrict__ dW, i64 nk) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
