@@ -58,7 +58,9 @@
 //     from a per-call counter (every round when the largest group is more than twice
 //     the mean); the tiles of a last, part-filled round are split along the
 //     contraction, their f32 partial sums added in a fixed order, so that a call's
-//     result is the same on every run. The weight gradient contracts over each group's rows
+//     result is the same on every run. Where the output has 32 or more column tiles,
+//     the forward's TMA loads carry L2 hints: the rows, read again for every round of
+//     column tiles, evict last, and the weight tiles evict first. The weight gradient contracts over each group's rows
 //     (ragged K). bf16 calls that fit them but for the alignment of their rows or
 //     pointers run on them through padded copies (see Unaligned shapes).
 //     DROPLESS_GEMM_KERNEL=mma, read when the package is initialized, turns them off.

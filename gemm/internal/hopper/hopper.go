@@ -56,6 +56,28 @@ var claimRounds = envInt("DROPLESS_GEMM_CLAIM", -1)
 // for comparisons.
 var splitTiles = envInt("DROPLESS_GEMM_SPLIT", 1) != 0
 
+// l2Hint is the bf16 forward kernels' L2 cache hint for their TMA loads (bits 0-1 for
+// A, 2-3 for B: 1 evict first, 2 evict last, 0 neither): by default (-1) chosen by
+// l2Policy; DROPLESS_GEMM_L2=n sets n, for comparisons (0: no hints).
+var l2Hint = envInt("DROPLESS_GEMM_L2", -1)
+
+// l2Policy returns the L2 hint of a forward call of N output columns. Where a group has
+// many column tiles (N ≥ 8192: 32 or more of 256), each band of its A rows is read again
+// for every round of its column tiles, while a k-block of a weight tile serves only the
+// CTAs of one round: A's loads are marked evict last and B's evict first (6), which
+// measured +3–4% on mixtral's forward (N = 28,672) and within the runs' spread on the
+// others (docs/perf.md). Elsewhere no hint: with short groups (qwen3 skewed) the same
+// hints cost 1–4%.
+func l2Policy(N int) int32 {
+	switch {
+	case l2Hint >= 0:
+		return int32(l2Hint)
+	case (N+255)/256 >= 32:
+		return 2 | 1<<2
+	}
+	return 0
+}
+
 // envInt returns the integer value of the environment variable name, or def when it is
 // unset or not an integer.
 func envInt(name string, def int) int {
@@ -205,7 +227,7 @@ func GroupedGEMM(s *device.Stream, y, a, b, sizes *device.Tensor, st *device.Sta
 		return err
 	}
 	return k.Launch(s, device.D1(P), device.D1(384), smemBytes, tmA, tmB, y, sizes,
-		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(bm), int32(claimRounds), counter, part, cnt)
+		int32(G), int32(M), int32(N), int32(Kc), st, int32(op), int32(lightRows), bandTiles(bm), int32(claimRounds), counter, part, cnt, l2Policy(N))
 }
 
 // splitWorkspace returns, allocated in s's order, the workspace of the bf16 forward

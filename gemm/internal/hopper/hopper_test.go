@@ -191,12 +191,12 @@ func TestBands(t *testing.T) {
 // TestSplitTiles: a last round of fewer tiles than CTAs is split along the contraction
 // into units whose partial sums the last of them adds up. Against the unsplit kernels
 // the sums differ only in their order (f32 rounding); the split result is the same bytes
-// on every run and whichever rounds the CTAs claim (a uniform routing dealt, a skewed one
-// claimed).
+// on every run, whichever rounds the CTAs claim (a uniform routing dealt, a skewed one
+// claimed) and whichever L2 hints their loads carry.
 func TestSplitTiles(t *testing.T) {
 	d := hopperGPU(t)
 	s := d.Stream()
-	defer func(c int, on bool) { claimRounds, splitTiles = c, on }(claimRounds, splitTiles)
+	defer func(c int, on bool, h int) { claimRounds, splitTiles, l2Hint = c, on, h }(claimRounds, splitTiles, l2Hint)
 	const M, K, N = 4480, 4096, 1024
 	for _, tc := range []struct {
 		name  string
@@ -247,6 +247,13 @@ func TestSplitTiles(t *testing.T) {
 					t.Errorf("split tiles, %d claimed rounds, against the first run:\n%.1000s", claim, diff)
 				}
 			}
+			for _, hint := range []int{0, 6, 9} {
+				l2Hint = hint
+				if diff := cmp.Diff(split, run(true, -1)); diff != "" {
+					t.Errorf("split tiles, L2 hint %d, against the first run:\n%.1000s", hint, diff)
+				}
+			}
+			l2Hint = -1
 		})
 	}
 }
@@ -643,5 +650,20 @@ func BenchmarkWeightGrad(b *testing.B) {
 					return WeightGrad(s, dw, x, dy, sz, st, 3, false)
 				})
 		})
+	}
+}
+
+// TestL2Policy: the forward's L2 hints are on (A evict last, B evict first) from 32 column
+// tiles of 256, off below, and the setting overrides the choice.
+func TestL2Policy(t *testing.T) {
+	defer func(h int) { l2Hint = h }(l2Hint)
+	for _, tc := range []struct{ hint, n, want int }{
+		{-1, 28672, 6}, {-1, 8192, 6}, {-1, 7937, 6}, {-1, 7936, 0}, {-1, 7168, 0}, {-1, 1, 0},
+		{0, 28672, 0}, {9, 1024, 9},
+	} {
+		l2Hint = tc.hint
+		if got := l2Policy(tc.n); got != int32(tc.want) {
+			t.Errorf("l2Policy(%d) with DROPLESS_GEMM_L2 %d = %d, want %d", tc.n, tc.hint, got, tc.want)
+		}
 	}
 }

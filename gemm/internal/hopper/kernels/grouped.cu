@@ -110,6 +110,29 @@ __device__ __forceinline__ void hb_tma3d(void *dst, const dl_tmap *tm, int c0, i
         : "memory");
 }
 
+// L2 cache hints of the forward kernels' TMA loads (the hint argument: bits 0-1 for A,
+// bits 2-3 for B; 0 the default, 1 evict first, 2 evict last): hb_policy makes the
+// policy of one operand's loads.
+__device__ __forceinline__ u64 hb_policy(int p) {
+    u64 pol;
+    if (p == 1) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else if (p == 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+__device__ __forceinline__ void hb_tma2d_hint(void *dst, const dl_tmap *tm, int c0, int c1, u64 *bar, u64 pol) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(hb_smem(dst)),
+        "l"((u64)tm), "r"(hb_smem(bar)), "r"(c0), "r"(c1), "l"(pol)
+        : "memory");
+}
+__device__ __forceinline__ void hb_tma3d_hint(void *dst, const dl_tmap *tm, int c0, int c1, int c2, u64 *bar, u64 pol) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(hb_smem(dst)),
+        "l"((u64)tm), "r"(hb_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
+        : "memory");
+}
+
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ u64 hb_desc(const void *p, u32 lbo, u32 sbo) {
     u64 d = (u64)((hb_smem(p) & 0x3FFFF) >> 4);
@@ -347,7 +370,7 @@ __device__ __forceinline__ void hb_store_staged(const float *d, unsigned char *w
 template <int BMN, int F32OUT, int EPI>
 __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tmB, void *y, const int *sizes, int G, int M, int N,
                                            int Kc, i64 *status, int op, int light, int band, int claim, int *next, float *part,
-                                           int *cnt) {
+                                           int *cnt, int hint) {
     extern __shared__ unsigned char hb_raw[];
     unsigned char *smem = hb_align(hb_raw);
     u64 *full = (u64 *)(smem + HB_STAGES * HB_STAGE_BYTES);
@@ -385,6 +408,7 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
+            const u64 pa = hb_policy(hint & 3), pb = hb_policy((hint >> 2) & 3);
             const int rounds = claim >= 0 ? claim : sc.skew ? total : HB_CLAIMED;
             const int fixed = max(0, total / P - rounds) * P;
             for (int j = 0;; j++) {
@@ -409,12 +433,22 @@ __device__ __forceinline__ void hb_grouped(const dl_tmap *tmA, const dl_tmap *tm
                     unsigned char *sa = smem + st * HB_STAGE_BYTES;
                     unsigned char *sb = sa + HB_A_BYTES;
                     hb_mbar_expect_tx(&full[st], HB_STAGE_BYTES);
-                    hb_tma2d(sa, tmA, kb * HB_BK, row0, &full[st]);
-                    if (BMN) {
+                    if (hint) {
+                        hb_tma2d_hint(sa, tmA, kb * HB_BK, row0, &full[st], pa);
+                        if (BMN) {
 #pragma unroll
-                        for (int b = 0; b < 4; b++) hb_tma3d(sb + b * 8192, tmB, n0 + 64 * b, kb * HB_BK, g, &full[st]);
+                            for (int b = 0; b < 4; b++) hb_tma3d_hint(sb + b * 8192, tmB, n0 + 64 * b, kb * HB_BK, g, &full[st], pb);
+                        } else {
+                            hb_tma3d_hint(sb, tmB, kb * HB_BK, n0, g, &full[st], pb);
+                        }
                     } else {
-                        hb_tma3d(sb, tmB, kb * HB_BK, n0, g, &full[st]);
+                        hb_tma2d(sa, tmA, kb * HB_BK, row0, &full[st]);
+                        if (BMN) {
+#pragma unroll
+                            for (int b = 0; b < 4; b++) hb_tma3d(sb + b * 8192, tmB, n0 + 64 * b, kb * HB_BK, g, &full[st]);
+                        } else {
+                            hb_tma3d(sb, tmB, kb * HB_BK, n0, g, &full[st]);
+                        }
                     }
                 }
             }
@@ -731,7 +765,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, band, claim, next, part, cnt);
+#define HB_BODY(BMN, F32, EPI) hb_grouped<BMN, F32, EPI>(&tmA, &tmB, y, sizes, G, M, N, Kc, status, op, light, band, claim, next, part, cnt, hint);
 #else
 #define HB_BODY(BMN, F32, EPI)
 #endif
@@ -740,7 +774,7 @@ __device__ __forceinline__ void hb_wgrad(const dl_tmap *tmX, const dl_tmap *tmDY
     extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
         NAME(const __grid_constant__ dl_tmap tmA, const __grid_constant__ dl_tmap tmB, void *y, const int *sizes, int G, \
              int M, int N, int Kc, i64 *status, int op, int light, int band, int claim, int *next, float *part,     \
-             int *cnt) {                                                                                               \
+             int *cnt, int hint) {                                                                                               \
         HB_BODY(BMN, F32, EPI)                                                                                           \
     }
 
