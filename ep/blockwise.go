@@ -91,13 +91,7 @@ func (l *Layout) DispatchBlockwise(s *device.Stream, q *quant.Blockwise, weights
 	if err := be.transpose4(s, sendScale, q.RowScale, nb, l.t, nb, q.RowScale.Dim(1)); err != nil {
 		return fail(err)
 	}
-	xs := []*device.Tensor{q.Row, sendScale}
-	err = l.dispatch(s, op, []string{"q.Row", "q.RowScale"}, xs, weights, func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
-		if err := be.replicate(s, X.Row, W, src[0], srcW, rowMap, slot); err != nil {
-			return err
-		}
-		return be.replicate(s, recvScale, nil, src[1], nil, rowMap, slot)
-	})
+	err = l.dispatchCodes(s, op, X.Row, recvScale, W, q.Row, sendScale, weights)
 	if err == nil {
 		err = be.transpose4(s, X.RowScale, recvScale, l.Rows(), nb, cp, nb)
 	}

@@ -80,17 +80,27 @@ func (l *Layout) DispatchMXFP8(s *device.Stream, q *quant.MXFP8, weights *device
 		}
 	}
 	outScale := rows(X.RowScale, 0, l.capacity)
-	xs := []*device.Tensor{q.Row, rows(q.RowScale, 0, l.t)}
-	err = l.dispatch(s, op, []string{"q.Row", "q.RowScale"}, xs, weights, func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
-		if err := l.g.be.replicate(s, X.Row, W, src[0], srcW, rowMap, slot); err != nil {
-			return err
-		}
-		return l.g.be.replicate(s, outScale, nil, src[1], nil, rowMap, slot)
-	})
+	err = l.dispatchCodes(s, op, X.Row, outScale, W, q.Row, rows(q.RowScale, 0, l.t), weights)
 	if err != nil {
 		return fail(err)
 	}
 	return &DispatchedMXFP8{X: X, Weights: W, Counts: l.counts}, nil
+}
+
+// dispatchCodes is the exchange of DispatchMXFP8 and DispatchBlockwise: it dispatches
+// codes [T, H] with one row of scales per token, scales [T, n], and weights (F32 [T, K],
+// or nil), in one exchange, and replicates them on arrival into the expert rows of
+// outCodes [Capacity, H], outScales [Capacity, n] and W (F32 [Capacity], nil without
+// weights), on s.
+func (l *Layout) dispatchCodes(s *device.Stream, op string, outCodes, outScales, W, codes, scales, weights *device.Tensor) error {
+	be := l.g.be
+	return l.dispatch(s, op, []string{"q.Row", "q.RowScale"}, []*device.Tensor{codes, scales}, weights,
+		func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
+			if err := be.replicate(s, outCodes, W, src[0], srcW, rowMap, slot); err != nil {
+				return err
+			}
+			return be.replicate(s, outScales, nil, src[1], nil, rowMap, slot)
+		})
 }
 
 // checkMXFP8 returns an error of op unless q is the ungrouped, unswizzled rowwise MXFP8
