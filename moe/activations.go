@@ -58,6 +58,13 @@ type Activations struct {
 	aFP8   bool
 	aScale saved
 	aq     fp8Rows
+
+	// xpFP8: with Config.EP an FP8 layer dispatches x's rows quantized and keeps them so,
+	// the codes in xp and their scales in xpScale, both saved as ActPermuted, and the rest
+	// of the form in xq, which takes the two back for the GEMMs.
+	xpFP8   bool
+	xpScale saved
+	xq      fp8Rows
 }
 
 // Free releases the activations' tensors, in stream order on the stream of the last
@@ -70,11 +77,11 @@ func (a *Activations) Free() error {
 	if a.Layout != nil {
 		errs = append(errs, a.Layout.Free())
 	}
-	for _, sl := range []*saved{&a.xp, &a.h, &a.a, &a.aScale, &a.yp, &a.hs, &a.as} {
+	for _, sl := range []*saved{&a.xp, &a.xpScale, &a.h, &a.a, &a.aScale, &a.yp, &a.hs, &a.as} {
 		errs = append(errs, a.release(sl, true))
 	}
-	errs = append(errs, freeOn(a.s, a.weights, a.all), a.aq.freeOn(a.s))
-	a.weights, a.all, a.aq = nil, nil, fp8Rows{}
+	errs = append(errs, freeOn(a.s, a.weights, a.all), a.aq.freeOn(a.s), a.xq.freeOn(a.s))
+	a.weights, a.all, a.aq, a.xq = nil, nil, fp8Rows{}, fp8Rows{}
 	return errors.Join(errs...)
 }
 
@@ -242,10 +249,10 @@ func (a *Activations) Stats(s *device.Stream) (Stats, error) {
 }
 
 // recompute returns the functions that rebuild each activation the offloader dropped
-// (aScale: the scales of a kept in FP8). The expert GEMMs and the fused SwiGLU run as
-// in Forward, in ex's precision, so that what they rebuild is bit for bit what Forward
-// computed.
-func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, h, a, aScale, yp, hs, as func() (*device.Tensor, error)) {
+// (aScale: the scales of a kept in FP8; xpScale: those of the dispatched rows kept in
+// FP8). The dispatch, the expert GEMMs and the fused SwiGLU run as in Forward, in ex's
+// precision, so that what they rebuild is bit for bit what Forward computed.
+func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, xpScale, h, a, aScale, yp, hs, as func() (*device.Tensor, error)) {
 	c := l.cfg
 	T, H, F, Fs, dt, R := act.x.Dim(0), c.Hidden, c.FFN, c.SharedFFN, act.x.DType(), act.rows
 	build := func(shape []int, fn func(out *device.Tensor) error) (*device.Tensor, error) {
@@ -259,7 +266,33 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 		}
 		return t, nil
 	}
+	// rows dispatches x's rows in FP8 again, which replace act.xq's layout, and returns
+	// their codes (or, with scales, their scales), handing the other tensor to its slot:
+	// the two are rebuilt together.
+	rows := func(scales bool) (*device.Tensor, error) {
+		q, _, _, err := l.dispatchFP8(s, act.Layout, act.x, nil)
+		if err != nil {
+			return nil, err
+		}
+		codes, sc := q.detachRows()
+		err = act.xq.freeOn(s)
+		act.xq = q
+		if scales {
+			codes, sc = sc, codes
+			err = errors.Join(err, act.adopt(s, &act.xp, sc))
+		} else {
+			err = errors.Join(err, act.adopt(s, &act.xpScale, sc))
+		}
+		if err != nil {
+			return nil, errors.Join(err, codes.FreeOn(s))
+		}
+		return codes, nil
+	}
+	xpScale = func() (*device.Tensor, error) { return rows(true) }
 	xp = func() (*device.Tensor, error) {
+		if act.xpFP8 {
+			return rows(false)
+		}
 		if c.EP != nil {
 			d, err := act.Layout.Dispatch(s, act.x, nil)
 			if err != nil {
@@ -270,6 +303,14 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 		return build([]int{R, H}, func(t *device.Tensor) error { return Permute(s, t, act.x, act.Perm) })
 	}
 	h = func() (*device.Tensor, error) {
+		if act.xpFP8 {
+			q, err := act.fp8Xp(s, xp, xpScale)
+			if err != nil {
+				return nil, err
+			}
+			defer q.setRows(nil, nil) // the slots hold them
+			return build([]int{R, 2 * F}, func(t *device.Tensor) error { return ex.dotRows(t, q, false) })
+		}
 		in, err := act.get(s, &act.xp, xp)
 		if err != nil {
 			return nil, err
@@ -346,4 +387,21 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 		return build([]int{T, Fs}, func(t *device.Tensor) error { return swiglu(s, t, in, nil) })
 	}
 	return
+}
+
+// fp8Xp returns the dispatched rows kept in FP8 (xpFP8), their codes and scales from
+// their slots (reloaded, or rebuilt by recodes and rescales), in the form act.xq: the
+// caller gives them back to the slots with setRows(nil, nil) once its GEMMs are
+// enqueued.
+func (a *Activations) fp8Xp(s *device.Stream, recodes, rescales func() (*device.Tensor, error)) (fp8Rows, error) {
+	codes, err := a.get(s, &a.xp, recodes)
+	if err != nil {
+		return fp8Rows{}, err
+	}
+	scales, err := a.get(s, &a.xpScale, rescales)
+	if err != nil {
+		return fp8Rows{}, err
+	}
+	a.xq.setRows(codes, scales)
+	return a.xq, nil
 }

@@ -77,7 +77,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err != nil {
 		return err
 	}
-	reXp, reH, reA, reASc, reYp, reHs, reAs := l.recompute(s, act, ex)
+	reXp, reXpSc, reH, reA, reASc, reYp, reHs, reAs := l.recompute(s, act, ex)
 	// Reloads in order of use, one ahead.
 	for _, sl := range []*saved{&act.yp, &act.a, &act.aScale} {
 		if err := act.prefetch(sl); err != nil {
@@ -157,7 +157,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		return err
 	}
 	l.mark(s, "gemm")
-	if err := act.prefetch(&act.xp); err != nil {
+	if err := errors.Join(act.prefetch(&act.xp), act.prefetch(&act.xpScale)); err != nil {
 		return err
 	}
 	h, err := act.get(s, &act.h, reH)
@@ -188,6 +188,17 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		if fused&gradXp != 0 {
 			return operand{src: ex.gatherSource(x, nil)}, nil
 		}
+		if act.xpFP8 {
+			// The dispatched FP8 rows, dequantized as the columnwise quantization reads
+			// them.
+			q, err := act.fp8Xp(s, reXp, reXpSc)
+			if err != nil {
+				return operand{}, err
+			}
+			src := ex.fp8RowsSource(q)
+			q.setRows(nil, nil) // the slots hold them
+			return operand{src: src}, nil
+		}
 		xp, err := act.get(s, &act.xp, reXp)
 		return operand{t: xp}, err
 	}
@@ -202,7 +213,7 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if err := ready(s, g.W1, g.W1Ready, "Grads.W1Ready"); err != nil {
 		return err
 	}
-	if err := act.done(&act.xp); err != nil {
+	if err := errors.Join(act.done(&act.xp), act.done(&act.xpScale)); err != nil {
 		return err
 	}
 	l.mark(s, "gemm")

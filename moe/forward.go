@@ -93,12 +93,22 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 				return fail(err)
 			}
 		}
-		d, err := act.Layout.Dispatch(s, x, act.Routing.Weight)
-		if err != nil {
-			return fail(err)
+		if c.Precision.fp8() {
+			// x's rows dispatched quantized, kept so for Backward (xp stays nil).
+			act.xq, act.weights, act.counts, err = l.dispatchFP8(s, act.Layout, x, act.Routing.Weight)
+			if err != nil {
+				return fail(err)
+			}
+			act.xpFP8 = true
+		} else {
+			d, err := act.Layout.Dispatch(s, x, act.Routing.Weight)
+			if err != nil {
+				return fail(err)
+			}
+			xp, act.weights, act.counts = d.X, d.Weights, d.Counts
+			act.xp.t = xp
 		}
-		xp, act.weights, act.counts, act.rows = d.X, d.Weights, d.Counts, act.Layout.Capacity()
-		act.xp.t = xp
+		act.rows = act.Layout.Capacity()
 		l.mark(s, "dispatch")
 	}
 	R := act.rows
@@ -121,18 +131,32 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 	if err != nil {
 		return fail(err)
 	}
-	if xp == nil {
+	switch {
+	case act.xpFP8:
+		err = ex.dotRows(h, act.xq, false)
+	case xp == nil:
 		// The gathered rows are not needed past W1's GEMM: freed in stream order now.
 		err = errors.Join(ex.dotRows(h, qxp, false), qxp.free())
 		qxp = fp8Rows{}
-	} else {
+	default:
 		err = ex.dot(h, xp, false)
 	}
 	if err != nil {
 		return fail(err)
 	}
 	l.mark(s, "gemm")
-	if err := act.keep(s, &act.xp, ActPermuted, xp); err != nil { // lazy, without xp
+	if act.xpFP8 {
+		// The slots own the codes and scales; act.xq the layout, for Backward.
+		codes, scales := act.xq.detachRows()
+		act.xp.t, act.xpScale.t = codes, scales
+		err = act.keep(s, &act.xp, ActPermuted, codes)
+		if err == nil {
+			err = act.keep(s, &act.xpScale, ActPermuted, scales)
+		}
+	} else {
+		err = act.keep(s, &act.xp, ActPermuted, xp) // lazy, without xp
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if act.aFP8 {

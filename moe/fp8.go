@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/ep"
 	"github.com/dropless/dropless/gemm"
 	"github.com/dropless/dropless/quant"
 )
@@ -24,10 +25,13 @@ import (
 // reads it, from dy and the routing weights, and the columnwise form of the permuted x
 // for W1's weight gradient is quantized from x through the permutation (grad_fp8.go),
 // so that neither is written in the activations' dtype (dh could be too, from h and da,
-// but that ran slower than SwiGLU's gradient pass and a quantization of dh). Every other activation operand (with Config.EP the dispatched x and the
-// combine's gradient too) is quantized by its own pass right before its GEMM, from the
-// tensor the layer has, and freed after it. Future work: quantizing inside the
-// dispatch (as ep.DispatchMXFP8 does), and keeping the other activations in FP8.
+// but that ran slower than SwiGLU's gradient pass and a quantization of dh). With
+// Config.EP, x's T rows are quantized rowwise and dispatched in FP8 (dispatchFP8), kept
+// so for Backward (ActPermuted: codes and scales), and W1's weight gradient quantizes
+// their dequantized values columnwise (fp8RowsSource). Every other activation operand
+// (with Config.EP the combine's gradient too) is quantized by its own pass right before
+// its GEMM, from the tensor the layer has, and freed after it. Future work: keeping
+// ActWi and ActWo in FP8.
 
 // The quantizations of the operands: rowwise for the forwards and input gradients;
 // columnwise, transposed, in the experts' groups for the weight gradients, with dir
@@ -216,6 +220,55 @@ func (q fp8Rows) setCols(codes, scales *device.Tensor) {
 	case q.m != nil:
 		q.m.ColT, q.m.ColScale = codes, scales
 	}
+}
+
+// detachRows returns q's rowwise tensors, the codes and their scales, which the caller
+// now owns (the slots of the kept dispatched rows), and leaves q without them; setRows
+// gives them back for a GEMM.
+func (q fp8Rows) detachRows() (codes, scales *device.Tensor) {
+	if q.b != nil {
+		codes, scales = q.b.Row, q.b.RowScale
+	} else if q.m != nil {
+		codes, scales = q.m.Row, q.m.RowScale
+	}
+	q.setRows(nil, nil)
+	return codes, scales
+}
+
+// setRows sets q's rowwise tensors.
+func (q fp8Rows) setRows(codes, scales *device.Tensor) {
+	switch {
+	case q.b != nil:
+		q.b.Row, q.b.RowScale = codes, scales
+	case q.m != nil:
+		q.m.Row, q.m.RowScale = codes, scales
+	}
+}
+
+// dispatchFP8 quantizes x[T,H] rowwise in the layer's recipe, its T rows, and dispatches
+// the FP8 rows with their scales and the routing weights w (F32[T,TopK], or nil) over
+// lay (ep's DispatchBlockwise or DispatchMXFP8), on s: bit for bit the rowwise
+// quantization of the rows that a dispatch of x delivers, quantizing T rows instead of
+// the Capacity expert rows and moving about half the bytes. It returns the Capacity
+// rows, their weights (nil without w) and the rows of each local expert (the layout's).
+func (l *Layer) dispatchFP8(s *device.Stream, lay *ep.Layout, x, w *device.Tensor) (q fp8Rows, weights, counts *device.Tensor, err error) {
+	qx, err := quantizeFP8(s, l.cfg.Precision, x, blockRows, mxRows)
+	if err != nil {
+		return fp8Rows{}, nil, nil, err
+	}
+	if qx.b != nil {
+		var d *ep.DispatchedBlockwise
+		if d, err = lay.DispatchBlockwise(s, qx.b, w); err == nil {
+			q.b, weights, counts = d.X, d.Weights, d.Counts
+		}
+	} else {
+		var d *ep.DispatchedMXFP8
+		if d, err = lay.DispatchMXFP8(s, qx.m, w); err == nil {
+			q.m, weights, counts = d.X, d.Weights, d.Counts
+		}
+	}
+	// The dispatch has read qx on s (its packing runs there).
+	return q, weights, counts, errors.Join(err, qx.free())
 }
 
 // quantizeFP8 quantizes x on s in precision p's recipe, with bo (blockwise) or mo (MXFP8).

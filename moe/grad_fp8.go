@@ -43,13 +43,21 @@ const (
 // read it: the quant.Source of its first rows rows.
 type rowsSource func(rows int) (quant.Source, error)
 
-// gradKernels returns the program of grad_fp8.cu for the layer's recipe and the prefix
-// of loader's kernels (dh or rows) in dtype dt.
+// gradKernels returns the program of grad_fp8.cu for the layer's recipe that holds the
+// kernels of loader (dh, rows or fp8rows) in dtype dt (bf16 or f32; fp8rows: f32), and
+// their prefix.
 func (e *experts) gradKernels(loader string, dt device.DType) (*device.Program, string) {
-	if e.cfg.Precision == PrecisionBlockwise {
-		return gradBwProg, "dl_moe_" + loader + "_bwq_" + dt.String()
+	bw, mx := gradBwBF16Prog, gradMXBF16Prog
+	switch {
+	case loader == "fp8rows":
+		bw, mx = fp8RowsBwProg, fp8RowsMXProg
+	case dt == device.F32:
+		bw, mx = gradBwF32Prog, gradMXF32Prog
 	}
-	return gradMXProg, "dl_moe_" + loader + "_mxq_" + dt.String()
+	if e.cfg.Precision == PrecisionBlockwise {
+		return bw, "dl_moe_" + loader + "_bwq_" + dt.String()
+	}
+	return mx, "dl_moe_" + loader + "_mxq_" + dt.String()
 }
 
 // swigluGradLoader mirrors DlSwigluGradSrc of kernels/grad_fp8.cu.
@@ -139,6 +147,70 @@ func (e *experts) gatherSource(x, w *device.Tensor) rowsSource {
 			Kernels: kernels,
 			Loader:  gatherLoader{X: x, Source: p.Source, W: w, Per: int64(per), K: int64(N)},
 			Vec:     N*dt.Size()%16 == 0 && device.Aligned(16, x),
+		}, nil
+	}
+}
+
+// mxBlock is the length of MXFP8's blocks.
+const mxBlock = 32
+
+// fp8RowsLoader mirrors DlFP8RowsSrc of kernels/grad_fp8.cu.
+type fp8RowsLoader struct {
+	Codes, Scales *device.Tensor
+	K, LD         int64
+}
+
+// fp8RowsSource returns the rows that q quantizes rowwise in the layer's recipe (E4M3,
+// quant's plain layouts: the dispatched rows of Config.EP), dequantized: the value at
+// (r, c) is the f32 product of its code and its block's scale, as an F32 source, whose
+// quantization rounds nothing more. The columnwise form of W1's weight gradient is
+// quantized from it (DeepSeek-V3's recipe: the activation moves and is kept in FP8).
+//
+// The source reads the tensors q holds now.
+func (e *experts) fp8RowsSource(q fp8Rows) rowsSource {
+	var codes, scales *device.Tensor
+	var M, K, block int
+	if q.b != nil {
+		codes, scales, M, K, block = q.b.Row, q.b.RowScale, q.b.M, q.b.K, quant.BlockSize
+	} else if q.m != nil {
+		codes, scales, M, K, block = q.m.Row, q.m.RowScale, q.m.M, q.m.K, mxBlock
+	}
+	mx := q.m != nil
+	return func(rows int) (quant.Source, error) {
+		if codes == nil || scales == nil || rows > M {
+			return quant.Source{}, fmt.Errorf("moe: internal error: %d dequantized rows of FP8 rows without their rowwise form or of fewer rows", rows)
+		}
+		ld := scales.Dim(1)
+		prog, kernels := e.gradKernels("fp8rows", device.F32)
+		return quant.Source{
+			M: rows, K: K, DType: device.F32, Inputs: []*device.Tensor{codes, scales},
+			Fill: func(v []float32) {
+				c := device.Slice[uint8](codes)
+				var bs []float32
+				var es []uint8
+				if mx {
+					es = device.Slice[uint8](scales)
+				} else {
+					bs = device.Slice[float32](scales)
+				}
+				par.For(rows, 64, func(lo, hi int) {
+					for r := lo; r < hi; r++ {
+						for j, code := range c[r*K : (r+1)*K] {
+							var sc float32
+							if mx {
+								sc = device.E8M0ToFloat32(es[r*ld+j/block])
+							} else {
+								sc = bs[j/block*ld+r]
+							}
+							v[r*K+j] = device.E4M3ToFloat32(code) * sc
+						}
+					}
+				})
+			},
+			Program: prog,
+			Kernels: kernels,
+			Loader:  fp8RowsLoader{Codes: codes, Scales: scales, K: int64(K), LD: int64(ld)},
+			Vec:     K%8 == 0 && device.Aligned(8, codes),
 		}, nil
 	}
 }

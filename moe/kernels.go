@@ -46,16 +46,20 @@ var (
 			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
 
 	// The backward's operands quantized as they are computed (grad_fp8.go), one program
-	// per recipe.
-	gradMXProg = device.NewProgram("grad_fp8.cu", gradFP8Src, "-DDL_GRAD_MX=1").
-			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
-	gradBwProg = device.NewProgram("grad_fp8.cu", gradFP8Src, "-DDL_GRAD_MX=0").
-			WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
+	// per recipe and activations' dtype, and the dispatched FP8 rows dequantized for W1's
+	// weight gradient with Config.EP (fp8RowsSource), one program per recipe.
+	gradMXBF16Prog = gradProgram("-DDL_GRAD_MX=1", "-DDL_GRAD_F32=0")
+	gradMXF32Prog  = gradProgram("-DDL_GRAD_MX=1", "-DDL_GRAD_F32=1")
+	gradBwBF16Prog = gradProgram("-DDL_GRAD_MX=0", "-DDL_GRAD_F32=0")
+	gradBwF32Prog  = gradProgram("-DDL_GRAD_MX=0", "-DDL_GRAD_F32=1")
+	fp8RowsMXProg  = gradProgram("-DDL_GRAD_MX=1", "-DDL_GRAD_FP8ROWS=1")
+	fp8RowsBwProg  = gradProgram("-DDL_GRAD_MX=0", "-DDL_GRAD_FP8ROWS=1")
 )
 
 // programs returns the package's CUDA programs.
 func programs() []*device.Program {
-	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg, swigluMXProg, swigluBwProg, gradMXProg, gradBwProg}
+	return []*device.Program{routerProg, sortProg, permuteProg, swigluProg, swigluMXProg, swigluBwProg,
+		gradMXBF16Prog, gradMXF32Prog, gradBwBF16Prog, gradBwF32Prog, fp8RowsMXProg, fp8RowsBwProg}
 }
 
 // launch enqueues kernel name of p on s.
@@ -98,3 +102,9 @@ type routeArgs struct {
 
 // blockFor returns a block size of at least n threads, a multiple of 32, at most 1024.
 func blockFor(n int) int { return min(max((n+31)/32*32, 32), 1024) }
+
+// gradProgram returns the program of grad_fp8.cu compiled with options.
+func gradProgram(options ...string) *device.Program {
+	return device.NewProgram("grad_fp8.cu", gradFP8Src, options...).
+		WithHeaders(append([]device.Header{moeHeader}, quant.Headers()...)...)
+}

@@ -19,13 +19,15 @@ import "fmt"
 //
 // Nothing else changes: the parameters, the master weights the optimizer updates, the
 // gradients (Grads, written in their own dtypes) and the other activations the layer
-// keeps (ActWi, ActWo, and with Config.EP ActPermuted: without it Backward permutes x
-// again) stay in the parameters' dtype, while ActSwiGLU is a's columnwise FP8 form, the
-// operand of W2's weight gradient, instead of a; the FP8 GEMMs write their results, h,
+// keeps (ActWi, ActWo) stay in the parameters' dtype, while ActSwiGLU is a's columnwise
+// FP8 form, the operand of W2's weight gradient, instead of a, and ActPermuted, with
+// Config.EP, the dispatched rows' rowwise FP8 form (without it the layer keeps none:
+// Backward permutes x again); the FP8 GEMMs write their results, h,
 // yp, da and dxp, in the activations' dtype (bf16, or f32 for an f32 layer) as the bf16
 // GEMMs do, and the weight gradients in the dtypes of Grads.W1 and Grads.W2. The
-// router, the dispatch, the combine and the shared expert (SharedFFN) run as with
-// PrecisionBF16, and SwiGLU computes the values it does there. FP8 precisions need
+// router, the combine and the shared expert (SharedFFN) run as with PrecisionBF16, the
+// dispatch of Config.EP moves x's rows quantized rowwise, and SwiGLU computes the values
+// it does there. FP8 precisions need
 // Hidden and FFN multiples of 16 (the weights' FP8 rows are whole 16-byte units, as the
 // FP8 GEMMs read them); the number of tokens is free, and widths that are not multiples
 // of the scale blocks end in short blocks. On a GPU they need compute capability 8.0 or

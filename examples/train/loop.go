@@ -315,7 +315,8 @@ func (m *Model) printHeader(w io.Writer, name string, o options, B int) {
 // offloadPool returns the pinned pool the activations that pol sends to the host take,
 // for L layers of B rows on each of R ranks in the compute dtype dt with the expert
 // GEMMs in precision prec. An FP8 layer keeps ActSwiGLU as FP8 codes and their scales
-// (fp8SwiGLUBytes) and, without expert parallelism, no ActPermuted.
+// (fp8SwiGLUBytes) and ActPermuted, with expert parallelism, as the dispatched FP8 rows
+// (fp8RowsBytes); without it no ActPermuted.
 func offloadPool(c ModelConfig, pol offload.Policy, prec moe.Precision, B, R int, dt device.DType) int {
 	K, E, H, F, Fs := c.TopK, c.Experts, c.Hidden, c.FFN, c.SharedFFN
 	rows := B * K
@@ -339,8 +340,9 @@ func offloadPool(c ModelConfig, pol offload.Policy, prec moe.Precision, B, R int
 		{moe.ActSharedWi, []int{B * 2 * Fs * es}}, {moe.ActSharedAct, []int{B * Fs * es}},
 	}
 	if prec != moe.PrecisionBF16 {
-		if R == 1 {
-			acts[0].bytes = nil
+		acts[0].bytes = nil
+		if R > 1 {
+			acts[0].bytes = fp8RowsBytes(prec, rows, H)
 		}
 		acts[2].bytes = fp8SwiGLUBytes(prec, rows, F, E/R)
 	}
@@ -371,6 +373,18 @@ func fp8SwiGLUBytes(prec moe.Precision, rows, F, G int) []int {
 		return []int{codes, 4 * F * blocks}
 	}
 	return []int{codes, 4 * blocks * 128 * ((F + 127) / 128)}
+}
+
+// fp8RowsBytes returns the bytes of the two tensors of an FP8 layer's ActPermuted with
+// expert parallelism, rows dispatched rows of H columns quantized rowwise: the codes,
+// one byte an element, and their scales as package quant lays them out, an f32 per
+// 128 columns of rows rounded up to 4 (blockwise) or a byte per 32 columns, rounded up
+// to 4, of rows rounded up to 128 (MXFP8).
+func fp8RowsBytes(prec moe.Precision, rows, H int) []int {
+	if prec == moe.PrecisionBlockwise {
+		return []int{rows * H, 4 * ((H + 127) / 128) * ((rows + 3) / 4 * 4)}
+	}
+	return []int{rows * H, 128 * ((rows + 127) / 128) * ((H + 127) / 128 * 4)}
 }
 
 // byteSize formats n bytes in B, KiB, MiB or GiB.
