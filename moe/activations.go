@@ -275,18 +275,7 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 			return nil, err
 		}
 		codes, sc := q.detachRows()
-		err = act.xq.freeOn(s)
-		act.xq = q
-		if scales {
-			codes, sc = sc, codes
-			err = errors.Join(err, act.adopt(s, &act.xp, sc))
-		} else {
-			err = errors.Join(err, act.adopt(s, &act.xpScale, sc))
-		}
-		if err != nil {
-			return nil, errors.Join(err, codes.FreeOn(s))
-		}
-		return codes, nil
+		return act.rebuilt(s, &act.xq, q, &act.xp, &act.xpScale, codes, sc, scales)
 	}
 	xpScale = func() (*device.Tensor, error) { return rows(true) }
 	xp = func() (*device.Tensor, error) {
@@ -331,18 +320,7 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 		}
 		// The new form replaces the kept one's layout (the same: the same groups).
 		codes, sc := q.detachCols()
-		err = act.aq.freeOn(s)
-		act.aq = q
-		if scales {
-			codes, sc = sc, codes
-			err = errors.Join(err, act.adopt(s, &act.a, sc))
-		} else {
-			err = errors.Join(err, act.adopt(s, &act.aScale, sc))
-		}
-		if err != nil {
-			return nil, errors.Join(err, codes.FreeOn(s))
-		}
-		return codes, nil
+		return act.rebuilt(s, &act.aq, q, &act.a, &act.aScale, codes, sc, scales)
 	}
 	a = func() (*device.Tensor, error) {
 		if act.aFP8 {
@@ -387,6 +365,25 @@ func (l *Layer) recompute(s *device.Stream, act *Activations, ex *experts) (xp, 
 		return build([]int{T, Fs}, func(t *device.Tensor) error { return swiglu(s, t, in, nil) })
 	}
 	return
+}
+
+// rebuilt takes an FP8 form rebuilt for Backward, q without its codes and scales,
+// which replaces *kept's layout, and returns its codes (or, with wantScales, its scales)
+// for the slot being got, handing the other tensor to its slot (codesSl or scalesSl):
+// the two are rebuilt together.
+func (a *Activations) rebuilt(s *device.Stream, kept *fp8Rows, q fp8Rows, codesSl, scalesSl *saved, codes, scales *device.Tensor, wantScales bool) (*device.Tensor, error) {
+	err := kept.freeOn(s)
+	*kept = q
+	if wantScales {
+		codes, scales = scales, codes
+		err = errors.Join(err, a.adopt(s, codesSl, scales))
+	} else {
+		err = errors.Join(err, a.adopt(s, scalesSl, scales))
+	}
+	if err != nil {
+		return nil, errors.Join(err, codes.FreeOn(s))
+	}
+	return codes, nil
 }
 
 // fp8Xp returns the dispatched rows kept in FP8 (xpFP8), their codes and scales from
