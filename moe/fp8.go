@@ -199,51 +199,48 @@ func (q fp8Rows) dropRows() error {
 	return q.m.DropRows()
 }
 
-// detachCols returns q's columnwise tensors, the codes (ColT) and their scales, which
-// the caller now owns (the slots of a kept activation), and leaves q without them: q
-// keeps its layout, tables and Status, and takes them back with setCols for the GEMM.
-func (q fp8Rows) detachCols() (codes, scales *device.Tensor) {
-	if q.b != nil {
-		codes, scales = q.b.ColT, q.b.ColTScale
-	} else {
-		codes, scales = q.m.ColT, q.m.ColScale
+// form returns where q holds the codes and the scales of its rowwise form (rows) or of
+// its columnwise one (ColT and its scales); nil pointers for an empty q.
+func (q fp8Rows) form(rows bool) (codes, scales **device.Tensor) {
+	switch {
+	case q.b != nil && rows:
+		return &q.b.Row, &q.b.RowScale
+	case q.b != nil:
+		return &q.b.ColT, &q.b.ColTScale
+	case q.m != nil && rows:
+		return &q.m.Row, &q.m.RowScale
+	case q.m != nil:
+		return &q.m.ColT, &q.m.ColScale
 	}
-	q.setCols(nil, nil)
+	return nil, nil
+}
+
+// detach returns the codes and scales of q's rowwise form (rows) or columnwise one,
+// which the caller now owns (the slots of a kept activation), and leaves q without
+// them: q keeps its layout, tables and Status, and takes them back with set for a GEMM.
+func (q fp8Rows) detach(rows bool) (codes, scales *device.Tensor) {
+	c, sc := q.form(rows)
+	if c == nil {
+		return nil, nil
+	}
+	codes, scales = *c, *sc
+	*c, *sc = nil, nil
 	return codes, scales
 }
 
-// setCols sets q's columnwise tensors.
-func (q fp8Rows) setCols(codes, scales *device.Tensor) {
-	switch {
-	case q.b != nil:
-		q.b.ColT, q.b.ColTScale = codes, scales
-	case q.m != nil:
-		q.m.ColT, q.m.ColScale = codes, scales
+// set sets the codes and scales of q's rowwise form (rows) or columnwise one.
+func (q fp8Rows) set(rows bool, codes, scales *device.Tensor) {
+	if c, sc := q.form(rows); c != nil {
+		*c, *sc = codes, scales
 	}
 }
 
-// detachRows returns q's rowwise tensors, the codes and their scales, which the caller
-// now owns (the slots of the kept dispatched rows), and leaves q without them; setRows
-// gives them back for a GEMM.
-func (q fp8Rows) detachRows() (codes, scales *device.Tensor) {
-	if q.b != nil {
-		codes, scales = q.b.Row, q.b.RowScale
-	} else if q.m != nil {
-		codes, scales = q.m.Row, q.m.RowScale
-	}
-	q.setRows(nil, nil)
-	return codes, scales
-}
-
-// setRows sets q's rowwise tensors.
-func (q fp8Rows) setRows(codes, scales *device.Tensor) {
-	switch {
-	case q.b != nil:
-		q.b.Row, q.b.RowScale = codes, scales
-	case q.m != nil:
-		q.m.Row, q.m.RowScale = codes, scales
-	}
-}
+// The forms' two kinds: the rowwise form of the dispatched rows, the columnwise one of
+// SwiGLU's output.
+func (q fp8Rows) detachCols() (codes, scales *device.Tensor) { return q.detach(false) }
+func (q fp8Rows) setCols(codes, scales *device.Tensor)       { q.set(false, codes, scales) }
+func (q fp8Rows) detachRows() (codes, scales *device.Tensor) { return q.detach(true) }
+func (q fp8Rows) setRows(codes, scales *device.Tensor)       { q.set(true, codes, scales) }
 
 // dispatchFP8 quantizes x[T,H] rowwise in the layer's recipe, its T rows, and dispatches
 // the FP8 rows with their scales and the routing weights w (F32[T,TopK], or nil) over

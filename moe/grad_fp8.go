@@ -195,14 +195,16 @@ func (e *experts) fp8RowsSource(q fp8Rows) rowsSource {
 				}
 				par.For(rows, 64, func(lo, hi int) {
 					for r := lo; r < hi; r++ {
-						for j, code := range c[r*K : (r+1)*K] {
-							var sc float32
+						for b, j0 := 0, 0; j0 < K; b, j0 = b+1, j0+block {
+							var sc float32 // the block's scale
 							if mx {
-								sc = device.E8M0ToFloat32(es[r*ld+j/block])
+								sc = device.E8M0ToFloat32(es[r*ld+b])
 							} else {
-								sc = bs[j/block*ld+r]
+								sc = bs[b*ld+r]
 							}
-							v[r*K+j] = device.E4M3ToFloat32(code) * sc
+							for j, code := range c[r*K+j0 : r*K+min(j0+block, K)] {
+								v[r*K+j0+j] = device.E4M3ToFloat32(code) * sc
+							}
 						}
 					}
 				})
