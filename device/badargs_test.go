@@ -88,6 +88,8 @@ func TestBadArgs(t *testing.T) {
 		{"nil Device.PoolStats", func() error { _, _, err := nilD.PoolStats(); return err }, "PoolStats: nil device"},
 		{"nil Device.TrimPool", func() error { return nilD.TrimPool(0) }, "TrimPool: nil device"},
 		{"Kernel on cpu", func() error { return second(c.Kernel(device.NewProgram("k.cu", ""), "k")) }, "runs no CUDA kernels"},
+		{"nil Device.Load", func() error { return nilD.Load() }, "Load: nil device"},
+		{"Load nil program", func() error { return c.Load(device.NewProgram("k.cu", ""), nil) }, "Load: progs[1] is nil"},
 
 		// Streams.
 		{"nil NewStream", func() error { return second(nilD.NewStream()) }, "NewStream: nil device"},

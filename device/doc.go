@@ -34,6 +34,8 @@
 // compiled by NVRTC for the GPU present (sm_90a on H100 and H200), cached in memory and
 // on disk ($DROPLESS_CACHE_DIR). Sources may include the headers of Headers, such as
 // dtype.cuh, whose conversions are bit-identical to this package's Go conversions.
+// A program compiles when a kernel of it is first asked for (Device.Kernel); Device.Load
+// compiles a list of them concurrently beforehand.
 //
 // # Contexts and threads
 //

@@ -188,11 +188,12 @@ func writeCache(dir, name string, b []byte) {
 
 // module is a Program loaded on one device.
 type module struct {
-	once  sync.Once
-	err   error
-	mod   cuda.Module
-	mu    sync.Mutex
-	funcs map[string]*Kernel
+	once   sync.Once
+	err    error
+	loaded atomic.Bool // set once the module is loaded
+	mod    cuda.Module
+	mu     sync.Mutex
+	funcs  map[string]*Kernel
 }
 
 // Kernel returns the kernel called name from p, compiling and loading p on d the first
@@ -201,12 +202,7 @@ func (d *Device) Kernel(p *Program, name string) (*Kernel, error) {
 	if d.kind != KindCUDA {
 		return nil, fmt.Errorf("device: kernel %s: %v runs no CUDA kernels", name, d)
 	}
-	v, ok := d.modules.Load(p)
-	if !ok {
-		v, _ = d.modules.LoadOrStore(p, &module{funcs: map[string]*Kernel{}})
-	}
-	m := v.(*module)
-	m.once.Do(func() { m.err = d.load(p, m) })
+	m := d.module(p)
 	if m.err != nil {
 		return nil, m.err
 	}
@@ -226,6 +222,21 @@ func (d *Device) Kernel(p *Program, name string) (*Kernel, error) {
 	}
 	m.funcs[name] = k
 	return k, nil
+}
+
+// module returns p's module on d, compiling and loading it the first time; a failure
+// stays in m.err.
+func (d *Device) module(p *Program) *module {
+	v, ok := d.modules.Load(p)
+	if !ok {
+		v, _ = d.modules.LoadOrStore(p, &module{funcs: map[string]*Kernel{}})
+	}
+	m := v.(*module)
+	m.once.Do(func() {
+		m.err = d.load(p, m)
+		m.loaded.Store(m.err == nil)
+	})
+	return m
 }
 
 func (d *Device) load(p *Program, m *module) error {

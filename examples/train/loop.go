@@ -118,6 +118,13 @@ func trainRank(d *device.Device, dd *dist, name string, cfg ModelConfig, o optio
 	}
 	defer func() { err = errors.Join(err, m.Free()) }()
 	m.printHeader(w, name, o, B)
+	if d.IsCUDA() {
+		start := time.Now()
+		if err := m.loadKernels(d); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(w, "%s: kernels compiled and loaded in %v\n", name, time.Since(start).Round(time.Millisecond))
+	}
 	if ck == nil {
 		ev, err := m.evalLoss(evalSet)
 		if err != nil {

@@ -511,3 +511,17 @@ func (c ModelConfig) paramCounts() (dense, expert int) {
 	}
 	return dense, expert
 }
+
+// loadKernels compiles and loads on d, concurrently, the CUDA programs a step runs: the
+// MoE layers' (moe.Layer.Load; all layers share one Config) and the example's own.
+// Without it they compile one after another inside the first steps. On the CPU it does
+// nothing.
+func (m *Model) loadKernels(d *device.Device) error {
+	own := make(chan error, 1)
+	go func() { own <- d.Load(program) }()
+	var err error
+	if len(m.layers) > 0 {
+		err = m.layers[0].Load(d, m.dt)
+	}
+	return errors.Join(err, <-own)
+}
