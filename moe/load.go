@@ -44,10 +44,8 @@ func (l *Layer) programs(d *device.Device, dt device.DType) []*device.Program {
 			keys = append(keys, kernelset.QuantGather)
 		}
 		e := &experts{cfg: c}
-		for _, loader := range []string{"dh", "rows"} {
-			p, _ := e.gradKernels(loader, dt)
-			ps = append(ps, p)
-		}
+		p, _ := e.gradKernels("rows", dt) // the dh and rows loaders of dt
+		ps = append(ps, p)
 		if c.EP != nil {
 			p, _ := e.gradKernels("fp8rows", device.F32)
 			ps = append(ps, p)

@@ -57,16 +57,3 @@ func For(d *device.Device, keys ...string) []*device.Program {
 	}
 	return out
 }
-
-// Hopper reports whether the Hopper kernels can run on d: an sm_90 GPU, and NVRTC that
-// targets sm_90a.
-func Hopper(d *device.Device) bool {
-	if !d.IsCUDA() || d.ComputeCapability() != 90 {
-		return false
-	}
-	t, err := device.Target(90)
-	return err == nil && t == "sm_90a"
-}
-
-// NotHopper is the negation of Hopper.
-func NotHopper(d *device.Device) bool { return !Hopper(d) }

@@ -14,8 +14,8 @@ func TestFor(t *testing.T) {
 	a, b, c := device.NewProgram("a.cu", ""), device.NewProgram("b.cu", ""), device.NewProgram("c.cu", "")
 	Register("test/x", nil, a, b)
 	Register("test/y", nil, b)
-	Register("test/y", Hopper, c) // not on the CPU
-	Register("test/z", NotHopper, c)
+	Register("test/y", (*device.Device).IsCUDA, c) // not on the CPU
+	Register("test/z", func(d *device.Device) bool { return !d.IsCUDA() }, c)
 	names := func(ps []*device.Program) []string {
 		var out []string
 		for _, p := range ps {

@@ -121,7 +121,9 @@ func Supported(d *device.Device) error {
 	return err
 }
 
-func supported(d *device.Device) error {
+// target returns nil when d is an sm_90 GPU with the shared memory the kernels need
+// and NVRTC targets sm_90a: what Supported checks before compiling the kernels.
+func target(d *device.Device) error {
 	if !d.IsCUDA() || d.ComputeCapability() != 90 {
 		return fmt.Errorf("hopper: %v is not an sm_90 GPU", d)
 	}
@@ -134,6 +136,13 @@ func supported(d *device.Device) error {
 	}
 	if d.MaxSharedMemory() < smemBytes {
 		return fmt.Errorf("hopper: the kernels need %d bytes of shared memory per block, %v allows %d", smemBytes, d, d.MaxSharedMemory())
+	}
+	return nil
+}
+
+func supported(d *device.Device) error {
+	if err := target(d); err != nil {
+		return err
 	}
 	for _, name := range []string{"dl_hopper_kmaj_bf16", "dl_hopper_kmaj_bf16_direct", "dl_hopper_kmaj_f32",
 		"dl_hopper_mnmaj_bf16", "dl_hopper_mnmaj_bf16_direct", "dl_hopper_mnmaj_f32", "dl_hopper_wgrad_bf16", "dl_hopper_wgrad_f32", "dl_hopper_wgrad_bf16_acc", "dl_hopper_wgrad_f32_acc"} {

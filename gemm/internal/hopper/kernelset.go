@@ -1,9 +1,13 @@
 package hopper
 
-import "github.com/dropless/dropless/internal/kernelset"
+import (
+	"github.com/dropless/dropless/device"
+	"github.com/dropless/dropless/internal/kernelset"
+)
 
-// The Hopper kernels' programs, for device.Device.Load on sm_90 GPUs.
+// The Hopper kernels' programs, for device.Device.Load on the GPUs that run them.
 func init() {
-	kernelset.Register(kernelset.Gemm, kernelset.Hopper, grouped)
-	kernelset.Register(kernelset.GemmFP8, kernelset.Hopper, fp8)
+	on := func(d *device.Device) bool { return target(d) == nil }
+	kernelset.Register(kernelset.Gemm, on, grouped)
+	kernelset.Register(kernelset.GemmFP8, on, fp8)
 }
