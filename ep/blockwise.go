@@ -57,7 +57,9 @@ func (d *DispatchedBlockwise) Free() error {
 //
 // The gradient of the dispatched rows goes back with DispatchBackward, as for
 // Dispatch.
-func (l *Layout) DispatchBlockwise(s *device.Stream, q *quant.Blockwise, weights *device.Tensor) (*DispatchedBlockwise, error) {
+//
+// The during functions run while the transfers move (see the package doc's Overlap).
+func (l *Layout) DispatchBlockwise(s *device.Stream, q *quant.Blockwise, weights *device.Tensor, during ...func() error) (*DispatchedBlockwise, error) {
 	const op = "DispatchBlockwise"
 	if err := l.usable(s, op); err != nil {
 		return nil, err
@@ -91,7 +93,7 @@ func (l *Layout) DispatchBlockwise(s *device.Stream, q *quant.Blockwise, weights
 	if err := be.transpose4(s, sendScale, q.RowScale, nb, l.t, nb, q.RowScale.Dim(1)); err != nil {
 		return fail(err)
 	}
-	err = l.dispatchCodes(s, op, X.Row, recvScale, W, q.Row, sendScale, weights)
+	err = l.dispatchCodes(s, op, X.Row, recvScale, W, q.Row, sendScale, weights, during)
 	if err == nil {
 		err = be.transpose4(s, X.RowScale, recvScale, l.Rows(), nb, cp, nb)
 	}

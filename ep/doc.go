@@ -101,4 +101,22 @@
 // stream packs the pieces (the transfer stream, with direct transfers), does the op's
 // local work (this rank's own rows) while they move, and places or sums each piece as it
 // arrives. On the CPU every op runs when called.
+//
+// # Overlap
+//
+// Every op of a Layout (Dispatch, DispatchMXFP8, DispatchBlockwise, Combine,
+// CombineBackward, DispatchBackward) takes, last, functions of the caller's to run
+// while its transfers move. The op calls them in order, on the calling goroutine, once
+// it has enqueued on its stream s the packing of what it sends, the transfers on the
+// group's transfer stream and its work that needs no transfer (this rank's own rows),
+// and before it enqueues on s its waits for the pieces. What they enqueue on s runs on
+// the device beside the transfers, ahead of the op's placing or summing of what
+// arrives: a weight gradient, a shared expert, a quantization of weights. They must
+// not start another op of the group, nor touch the op's inputs or outputs.
+//
+// An op that returns nil has called each once; one that fails has called some of them
+// or none (none when it fails before its transfers start). The first error one of them
+// returns fails the op (its outputs freed), which returns it as it is. Where the transport moves rows when called
+// (in-process ranks on the CPU or through host memory), they run after the rows have
+// moved: the results are the same, only nothing overlaps.
 package ep

@@ -54,7 +54,9 @@ func (d *DispatchedMXFP8) Free() error {
 //
 // The gradient of the dispatched rows goes back with DispatchBackward, as for
 // Dispatch.
-func (l *Layout) DispatchMXFP8(s *device.Stream, q *quant.MXFP8, weights *device.Tensor) (*DispatchedMXFP8, error) {
+//
+// The during functions run while the transfers move (see the package doc's Overlap).
+func (l *Layout) DispatchMXFP8(s *device.Stream, q *quant.MXFP8, weights *device.Tensor, during ...func() error) (*DispatchedMXFP8, error) {
 	const op = "DispatchMXFP8"
 	if err := l.usable(s, op); err != nil {
 		return nil, err
@@ -80,7 +82,7 @@ func (l *Layout) DispatchMXFP8(s *device.Stream, q *quant.MXFP8, weights *device
 		}
 	}
 	outScale := rows(X.RowScale, 0, l.capacity)
-	err = l.dispatchCodes(s, op, X.Row, outScale, W, q.Row, rows(q.RowScale, 0, l.t), weights)
+	err = l.dispatchCodes(s, op, X.Row, outScale, W, q.Row, rows(q.RowScale, 0, l.t), weights, during)
 	if err != nil {
 		return fail(err)
 	}
@@ -92,9 +94,9 @@ func (l *Layout) DispatchMXFP8(s *device.Stream, q *quant.MXFP8, weights *device
 // or nil), in one exchange, and replicates them on arrival into the expert rows of
 // outCodes [Capacity, H], outScales [Capacity, n] and W (F32 [Capacity], nil without
 // weights), on s.
-func (l *Layout) dispatchCodes(s *device.Stream, op string, outCodes, outScales, W, codes, scales, weights *device.Tensor) error {
+func (l *Layout) dispatchCodes(s *device.Stream, op string, outCodes, outScales, W, codes, scales, weights *device.Tensor, during []func() error) error {
 	be := l.g.be
-	return l.dispatch(s, op, []string{"q.Row", "q.RowScale"}, []*device.Tensor{codes, scales}, weights,
+	return l.dispatch(s, op, []string{"q.Row", "q.RowScale"}, []*device.Tensor{codes, scales}, weights, during,
 		func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
 			if err := be.replicate(s, outCodes, W, src[0], srcW, rowMap, slot); err != nil {
 				return err

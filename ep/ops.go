@@ -168,7 +168,9 @@ func checkFloat(x *device.Tensor, what string) error {
 // is the layout's). Work is enqueued on s and on the group's transfer stream, with the
 // transfer split into Config.Chunks pieces that overlap the packing and the
 // replication; nothing waits for the host (Transport.Sync does).
-func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatched, error) {
+//
+// The during functions run while the transfers move (see the package doc's Overlap).
+func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor, during ...func() error) (*Dispatched, error) {
 	if err := l.usable(s, "Dispatch"); err != nil {
 		return nil, err
 	}
@@ -183,7 +185,7 @@ func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatc
 	if err != nil {
 		return nil, errors.Join(err, device.FreeAll(W))
 	}
-	err = l.dispatch(s, "Dispatch", []string{"x"}, []*device.Tensor{x}, weights, func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
+	err = l.dispatch(s, "Dispatch", []string{"x"}, []*device.Tensor{x}, weights, during, func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error {
 		return l.g.be.replicate(s, X, W, src[0], srcW, rowMap, slot)
 	})
 	if err != nil {
@@ -202,7 +204,9 @@ func (l *Layout) Dispatch(s *device.Stream, x, weights *device.Tensor) (*Dispatc
 // and only read; dy and dw are new tensors, allocated on s, that alias no input. Rows
 // past the kept ones are not written. Work is enqueued on s and the transfer stream, as
 // by Dispatch.
-func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (dy, dw *device.Tensor, err error) {
+//
+// The during functions run while the transfers move (see the package doc's Overlap).
+func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor, during ...func() error) (dy, dw *device.Tensor, err error) {
 	if err := l.usable(s, "CombineBackward"); err != nil {
 		return nil, nil, err
 	}
@@ -235,7 +239,7 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 			return nil, nil, err
 		}
 	}
-	err = l.dispatch(s, "CombineBackward", []string{"dout"}, []*device.Tensor{dout}, nil, func(src []*device.Tensor, _, rowMap, slot *device.Tensor) error {
+	err = l.dispatch(s, "CombineBackward", []string{"dout"}, []*device.Tensor{dout}, nil, during, func(src []*device.Tensor, _, rowMap, slot *device.Tensor) error {
 		return l.g.be.replicateScaled(s, dy, dw, src[0], rowMap, slot, w, y)
 	})
 	if err != nil {
@@ -254,7 +258,7 @@ func (l *Layout) CombineBackward(s *device.Stream, dout, y, w *device.Tensor) (d
 // rowMap is nil), srcW their weights, slot their [rows, K] expert-major slots. Rows a
 // rank sends to itself are placed from xs directly. op is the calling op and names the
 // names of xs.
-func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*device.Tensor, weights *device.Tensor,
+func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*device.Tensor, weights *device.Tensor, during []func() error,
 	place func(src []*device.Tensor, srcW, rowMap, slot *device.Tensor) error) error {
 	g := l.g
 	R, r, K, nx := g.r, g.rank, g.k, len(xs)
@@ -272,13 +276,13 @@ func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*dev
 	if err != nil {
 		return err
 	}
-	xf.op, xf.names = op, append(append([]string(nil), names...), "weights")[:len(specs)]
+	xf.op, xf.names, xf.during = op, append(append([]string(nil), names...), "weights")[:len(specs)], during
 	C := g.chunks() // once buffers has decided on direct transfers
 	var recvW *device.Tensor
 	if weights != nil {
 		recvW = xf.recv[nx]
 	}
-	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
+	err = l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		m := rows(l.sendTok, l.sendOff[p]+lo, l.sendOff[p]+hi)
 		for i, x := range xs {
 			if err := g.be.gather(st, dst[i], x, m); err != nil {
@@ -321,6 +325,10 @@ func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*dev
 		g.mark(s, "place", c)
 		return nil
 	})
+	if err == nil {
+		err = xf.overlap() // where the transfers had none to call them
+	}
+	return err
 }
 
 // transfers runs an op's transfers in Config.Chunks pieces: directly (see direct) when
@@ -386,6 +394,9 @@ func (l *Layout) transfers(s *device.Stream, x *xfer, pack func(st *device.Strea
 		}
 		arrived = append(arrived, e)
 	}
+	if err := x.overlap(); err != nil {
+		return err
+	}
 	for c, e := range arrived {
 		if err := s.Wait(e); err != nil {
 			return err
@@ -426,8 +437,10 @@ func chunkExchange(send, recv []*device.Tensor, sendOff, sendCnt, recvOff, recvC
 // nowhere, contribute zero. Every rank passes the same H and dtype. y and w are on the
 // group's device and only read; out is a new tensor, allocated on s, that aliases no
 // input. Work is enqueued on s and the transfer stream, as by Dispatch.
-func (l *Layout) Combine(s *device.Stream, y, w *device.Tensor) (*device.Tensor, error) {
-	out, _, err := l.combine(s, "Combine", "y", y, w, nil)
+//
+// The during functions run while the transfers move (see the package doc's Overlap).
+func (l *Layout) Combine(s *device.Stream, y, w *device.Tensor, during ...func() error) (*device.Tensor, error) {
+	out, _, err := l.combine(s, "Combine", "y", y, w, nil, during)
 	return out, err
 }
 
@@ -440,12 +453,14 @@ func (l *Layout) Combine(s *device.Stream, y, w *device.Tensor) (*device.Tensor,
 // H, dtype and presence of dW. dX and dW are on the group's device and only read; dx
 // and dweights are new tensors, allocated on s, that alias no input. Work is enqueued
 // on s and the transfer stream, as by Dispatch.
-func (l *Layout) DispatchBackward(s *device.Stream, dX, dW *device.Tensor) (dx, dweights *device.Tensor, err error) {
-	return l.combine(s, "DispatchBackward", "dX", dX, nil, dW)
+//
+// The during functions run while the transfers move (see the package doc's Overlap).
+func (l *Layout) DispatchBackward(s *device.Stream, dX, dW *device.Tensor, during ...func() error) (dx, dweights *device.Tensor, err error) {
+	return l.combine(s, "DispatchBackward", "dX", dX, nil, dW, during)
 }
 
 // combine is Combine and DispatchBackward: op is the op, yName its name for y.
-func (l *Layout) combine(s *device.Stream, op, yName string, y, w, dW *device.Tensor) (out, dweights *device.Tensor, err error) {
+func (l *Layout) combine(s *device.Stream, op, yName string, y, w, dW *device.Tensor, during []func() error) (out, dweights *device.Tensor, err error) {
 	if err := l.usable(s, op); err != nil {
 		return nil, nil, err
 	}
@@ -476,7 +491,7 @@ func (l *Layout) combine(s *device.Stream, op, yName string, y, w, dW *device.Te
 			return nil, nil, err
 		}
 	}
-	if err = l.combineInto(s, op, yName, out, dweights, y, w, dW); err != nil {
+	if err = l.combineInto(s, op, yName, out, dweights, y, w, dW, during); err != nil {
 		out.Free()
 		if dweights != nil {
 			dweights.Free()
@@ -486,7 +501,7 @@ func (l *Layout) combine(s *device.Stream, op, yName string, y, w, dW *device.Te
 	return out, dweights, nil
 }
 
-func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, y, w, dW *device.Tensor) error {
+func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, y, w, dW *device.Tensor, during []func() error) error {
 	g := l.g
 	R, r, K, H, dt := g.r, g.rank, g.k, y.Dim(1), y.DType()
 	tmp := device.NewTemps(s)
@@ -500,7 +515,7 @@ func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, 
 	if err != nil {
 		return err
 	}
-	xf.op, xf.names = op, []string{yName, "dW"}[:len(specs)]
+	xf.op, xf.names, xf.during = op, []string{yName, "dW"}[:len(specs)], during
 	back := xf.recv[0]
 	var dback *device.Tensor
 	if dW != nil {
@@ -520,7 +535,7 @@ func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, 
 	part := func(c int) *finalPart {
 		return &finalPart{rank: r, c: c, C: g.chunks(), sendOff: l.sendOff, dev: l.sendOfs}
 	}
-	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
+	err = l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		return sums(st, dst, l.recvOff[p]+lo)
 	}, func() error {
 		// This rank's own partial sums go straight to their place; then the final sums
@@ -549,4 +564,8 @@ func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, 
 		}
 		return nil
 	})
+	if err == nil {
+		err = xf.overlap() // where the transfers had none to call them
+	}
+	return err
 }

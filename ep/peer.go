@@ -332,8 +332,9 @@ type xfer struct {
 
 	sendOff, sendCnt, recvOff, recvCnt []int
 
-	op    string   // the op moving the buffers (for Exchange.op)
-	names []string // its names for them (Exchange.names)
+	op     string         // the op moving the buffers (for Exchange.op)
+	names  []string       // its names for them (Exchange.names)
+	during []func() error // the caller's work while the transfers move (see Overlap)
 }
 
 // dst returns where rows [lo, hi) of rank p's send segment go, one tensor per buffer.
@@ -465,6 +466,9 @@ func (l *Layout) direct(s *device.Stream, x *xfer, pack func(st *device.Stream, 
 		g.mark(cs, "sent", c)
 	}
 	if err := local(); err != nil {
+		return err
+	}
+	if err := x.overlap(); err != nil {
 		return err
 	}
 	for c := range C {

@@ -318,6 +318,11 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	if err := tr.Sync(s); err != nil {
 		return nil, err
 	}
+	ov, err := newOverlapLog(s)
+	if err != nil {
+		return nil, err
+	}
+	defer ov.free()
 	o := &rankOut{TokTo: l.TokensTo(), TokFrom: l.TokensFrom(), Counts: l.Counts(), Entries: l.ExpertEntries(),
 		GroupEntries: l.GroupEntries(), Capacity: l.Capacity(), Demand: l.Demand(), Rows: l.Rows()}
 	if o.SendRows, err = downloadI32(s, l.SendRows()); err != nil {
@@ -337,7 +342,7 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 			return nil, err
 		}
 	}
-	D, err := l.Dispatch(s, x, w)
+	D, err := l.Dispatch(s, x, w, ov.during("Dispatch")...)
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +387,7 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	if err != nil {
 		return nil, err
 	}
-	out, err := l.Combine(s, D.X, D.Weights)
+	out, err := l.Combine(s, D.X, D.Weights, ov.during("Combine")...)
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +398,7 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	if o.Out, err = out.Float32s(s); err != nil {
 		return nil, err
 	}
-	dy, dw, err := l.CombineBackward(s, gout, D.X, D.Weights)
+	dy, dw, err := l.CombineBackward(s, gout, D.X, D.Weights, ov.during("CombineBackward")...)
 	if err != nil {
 		return nil, err
 	}
@@ -414,7 +419,7 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	if o.Dw, err = download(s, dw, l.Rows()); err != nil {
 		return nil, err
 	}
-	dx, dwts, err := l.DispatchBackward(s, dy, dw)
+	dx, dwts, err := l.DispatchBackward(s, dy, dw, ov.during("DispatchBackward")...)
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +434,59 @@ func runRank(tr ep.Transport, sc scen, in rankIn, world *ep.World, ph *phaser) (
 	if o.Dweights, err = dwts.Float32s(s); err != nil {
 		return nil, err
 	}
+	if err := ov.check("Dispatch", "Combine", "CombineBackward", "DispatchBackward"); err != nil {
+		return nil, fmt.Errorf("rank %d: %w", tr.Rank(), err)
+	}
 	return o, s.Synchronize()
+}
+
+// overlapLog gives each op two functions to run while its transfers move, which log
+// their calls and enqueue work on the rank's stream: each sets a scratch tensor to the
+// number of its call.
+type overlapLog struct {
+	s       *device.Stream
+	scratch *device.Tensor
+	calls   []string
+}
+
+func newOverlapLog(s *device.Stream) (*overlapLog, error) {
+	t, err := s.Alloc(device.E4M3, 4096) // bytes
+	return &overlapLog{s: s, scratch: t}, err
+}
+
+func (o *overlapLog) free() { o.scratch.Free() }
+
+// during returns op's two functions.
+func (o *overlapLog) during(op string) []func() error {
+	f := func(i int) func() error {
+		return func() error {
+			o.calls = append(o.calls, fmt.Sprintf("%s/%d", op, i))
+			return device.Memset(o.s, o.scratch, byte(len(o.calls)))
+		}
+	}
+	return []func() error{f(0), f(1)}
+}
+
+// check returns an error unless each of ops called its two functions once, in order,
+// and the work of the last ran.
+func (o *overlapLog) check(ops ...string) error {
+	var want []string
+	for _, op := range ops {
+		want = append(want, op+"/0", op+"/1")
+	}
+	if !reflect.DeepEqual(o.calls, want) {
+		return fmt.Errorf("the ops' during functions ran as %q, want %q", o.calls, want)
+	}
+	b := make([]byte, o.scratch.Len())
+	if err := o.scratch.CopyToHost(o.s, b); err != nil {
+		return err
+	}
+	for i, v := range b {
+		if v != byte(len(want)) {
+			return fmt.Errorf("byte %d of the during functions' scratch is %d after the ops, want %d", i, v, len(want))
+		}
+	}
+	return nil
 }
 
 // runAll runs sc on the ranks of trs, each in its own goroutine, and returns their

@@ -93,6 +93,19 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 	if c.Precision.fp8() && c.EP == nil {
 		fused = l.fusedGrad
 	}
+	// The shared expert's backward, which needs dy alone. With Config.EP it runs while
+	// CombineBackward moves dy's rows.
+	var dxs *device.Tensor
+	sharedDone := c.SharedFFN == 0
+	shared := func() error {
+		sharedDone = true
+		var err error
+		if dxs, err = l.sharedBackward(s, g, dy, act, tmp, reHs, reAs); err != nil {
+			return err
+		}
+		l.mark(s, "shared")
+		return nil
+	}
 	var dyp operand
 	var dw *device.Tensor
 	switch {
@@ -111,7 +124,11 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		err = UnpermuteGrad(s, dyp.t, dw, dy, yp, r.Weight, act.Perm)
 	default:
 		var dwRow *device.Tensor
-		dyp.t, dwRow, err = act.Layout.CombineBackward(s, dy, yp, act.weights)
+		var during []func() error
+		if !sharedDone && !l.serialEP {
+			during = append(during, shared)
+		}
+		dyp.t, dwRow, err = act.Layout.CombineBackward(s, dy, yp, act.weights, during...)
 		if err == nil {
 			tmp.Add(dyp.t, dwRow)
 			dw = dwRow // the row weight gradients, sent back with DispatchBackward
@@ -202,25 +219,48 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		xp, err := act.get(s, &act.xp, reXp)
 		return operand{t: xp}, err
 	}
-	if err := ex.backward(dxp, g.W1, dh, getXp, g.Accumulate, false); err != nil {
+	wgrad, err := ex.backwardSplit(dxp, g.W1, dh, getXp, g.Accumulate, false)
+	if err != nil {
 		return err
 	}
-	if fused&gradDh != 0 {
-		if err := act.done(&act.h); err != nil {
+	// W1's weight gradient, and what is done with once it is enqueued. With Config.EP
+	// it runs while DispatchBackward moves dxp's rows (see ep's Overlap).
+	w1Done := false
+	w1 := func() error {
+		w1Done = true
+		if err := wgrad(); err != nil {
+			return err
+		}
+		if fused&gradDh != 0 {
+			if err := act.done(&act.h); err != nil {
+				return err
+			}
+		}
+		if err := ready(s, g.W1, g.W1Ready, "Grads.W1Ready"); err != nil {
+			return err
+		}
+		if err := errors.Join(act.done(&act.xp), act.done(&act.xpScale)); err != nil {
+			return err
+		}
+		l.mark(s, "gemm")
+		return nil
+	}
+	if c.EP == nil || l.serialEP {
+		if err := w1(); err != nil {
 			return err
 		}
 	}
-	if err := ready(s, g.W1, g.W1Ready, "Grads.W1Ready"); err != nil {
-		return err
-	}
-	if err := errors.Join(act.done(&act.xp), act.done(&act.xpScale)); err != nil {
-		return err
-	}
-	l.mark(s, "gemm")
 	// The token-side gradients: dxt[T,H] from the expert rows, and the routing weights'.
 	dxt, drow, K1, rows := dxp, act.Perm.rowOrNil(), K, R
 	if c.EP != nil {
-		dx2, dw2, err := act.Layout.DispatchBackward(s, dxp, dw)
+		var during []func() error
+		if !w1Done {
+			during = append(during, w1)
+		}
+		dx2, dw2, err := act.Layout.DispatchBackward(s, dxp, dw, during...)
+		if !w1Done { // DispatchBackward failed before its transfers
+			err = errors.Join(err, w1())
+		}
 		if err != nil {
 			return err
 		}
@@ -241,12 +281,10 @@ func (l *Layer) Backward(s *device.Stream, g *Grads, dy *device.Tensor, act *Act
 		}
 	}
 	l.mark(s, "router_bwd")
-	var dxs *device.Tensor
-	if c.SharedFFN > 0 {
-		if dxs, err = l.sharedBackward(s, g, dy, act, tmp, reHs, reAs); err != nil {
+	if !sharedDone {
+		if err := shared(); err != nil {
 			return err
 		}
-		l.mark(s, "shared")
 	}
 	if err := permuteGrad(s, g.X, dxt, drow, K1, rows, dxs, dl, p.Router); err != nil {
 		return err

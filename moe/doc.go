@@ -83,6 +83,13 @@
 // ActSwiGLU is two tensors under that name, its FP8 codes and their scales, and so is
 // its ActPermuted with Config.EP (below).
 //
+// With Config.EP the layer runs work that does not need the rows in flight while ep
+// moves them (ep's Overlap): the shared expert's forward, and in FP8 the quantization of
+// W1 and W2, while x's rows are dispatched; the shared expert's backward while
+// CombineBackward moves dy's rows; W1's weight gradient while DispatchBackward moves
+// the rows of its input gradient back. Only the order of the work changes: the results
+// are those of the layer run in the order of its data flow, bit for bit.
+//
 // # Precisions
 //
 // Config.Precision picks the arithmetic of the six routed-expert GEMMs. PrecisionBF16,

@@ -45,6 +45,23 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 		return fail(err)
 	}
 	l.mark(s, "router")
+	// The shared expert, which needs x alone. With Config.EP it runs, and an FP8 layer
+	// quantizes its weights, while the dispatch moves x's rows.
+	var ys *device.Tensor
+	defer func() {
+		if ys != nil {
+			ys.Free()
+		}
+	}()
+	sharedDone := c.SharedFFN == 0
+	shared := func() error {
+		sharedDone = true
+		var err error
+		if ys, err = l.sharedForward(s, act); err == nil {
+			l.mark(s, "shared")
+		}
+		return err
+	}
 	var xp *device.Tensor
 	var qxp fp8Rows // FP8 without Config.EP: x's rows quantized and gathered (xp stays nil)
 	if c.EP == nil {
@@ -93,15 +110,24 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 				return fail(err)
 			}
 		}
+		var during []func() error
+		if !l.serialEP {
+			if !sharedDone {
+				during = append(during, shared)
+			}
+			if c.Precision.fp8() {
+				during = append(during, func() error { _, err := l.weights(s, p); return err })
+			}
+		}
 		if c.Precision.fp8() {
 			// x's rows dispatched quantized, kept so for Backward (xp stays nil).
-			act.xq, act.weights, act.counts, err = l.dispatchFP8(s, act.Layout, x, act.Routing.Weight)
+			act.xq, act.weights, act.counts, err = l.dispatchFP8(s, act.Layout, x, act.Routing.Weight, during...)
 			if err != nil {
 				return fail(err)
 			}
 			act.xpFP8 = true
 		} else {
-			d, err := act.Layout.Dispatch(s, x, act.Routing.Weight)
+			d, err := act.Layout.Dispatch(s, x, act.Routing.Weight, during...)
 			if err != nil {
 				return fail(err)
 			}
@@ -179,13 +205,10 @@ func (l *Layer) Forward(s *device.Stream, y, x *device.Tensor, p *Params) (*Acti
 			return fail(err)
 		}
 	}
-	var ys *device.Tensor
-	if c.SharedFFN > 0 {
-		if ys, err = l.sharedForward(s, act); err != nil {
+	if !sharedDone {
+		if err := shared(); err != nil {
 			return fail(err)
 		}
-		defer ys.Free()
-		l.mark(s, "shared")
 	}
 	if c.EP == nil {
 		pm := act.Perm

@@ -158,6 +158,14 @@ type experts struct {
 	sizes   *device.Tensor // colGroups' sizes, once made
 	colRow  int            // colGroups' rows
 	twoPass bool           // Layer.gradTwoPass
+	layer   *Layer         // whose trace marks the backward's quantizations and GEMMs (nil: none)
+}
+
+// mark marks the end of a stage of the experts' work on the layer's trace.
+func (e *experts) mark(stage string) {
+	if e.layer != nil {
+		e.layer.mark(e.s, stage)
+	}
 }
 
 // experts returns the GEMMs of act's rows on s, with the weights of act.p (quantized
@@ -168,7 +176,7 @@ func (l *Layer) experts(s *device.Stream, act *Activations, tmp *device.Temps) (
 	if err != nil {
 		return nil, err
 	}
-	return &experts{s: s, cfg: l.cfg, p: act.p, q: q, act: act, tmp: tmp, twoPass: l.gradTwoPass}, nil
+	return &experts{s: s, cfg: l.cfg, p: act.p, q: q, act: act, tmp: tmp, twoPass: l.gradTwoPass, layer: l}, nil
 }
 
 // fp8Rows is an operand quantized in the layer's FP8 recipe: the form of that recipe is
@@ -248,19 +256,20 @@ func (q fp8Rows) setRows(codes, scales *device.Tensor)       { q.set(true, codes
 // quantization of the rows that a dispatch of x delivers, quantizing T rows instead of
 // the Capacity expert rows and moving about half the bytes. It returns the Capacity
 // rows, their weights (nil without w) and the rows of each local expert (the layout's).
-func (l *Layer) dispatchFP8(s *device.Stream, lay *ep.Layout, x, w *device.Tensor) (q fp8Rows, weights, counts *device.Tensor, err error) {
+// The during functions run while the rows move (ep's Overlap).
+func (l *Layer) dispatchFP8(s *device.Stream, lay *ep.Layout, x, w *device.Tensor, during ...func() error) (q fp8Rows, weights, counts *device.Tensor, err error) {
 	qx, err := quantizeFP8(s, l.cfg.Precision, x, blockRows, mxRows)
 	if err != nil {
 		return fp8Rows{}, nil, nil, err
 	}
 	if qx.b != nil {
 		var d *ep.DispatchedBlockwise
-		if d, err = lay.DispatchBlockwise(s, qx.b, w); err == nil {
+		if d, err = lay.DispatchBlockwise(s, qx.b, w, during...); err == nil {
 			q.b, weights, counts = d.X, d.Weights, d.Counts
 		}
 	} else {
 		var d *ep.DispatchedMXFP8
-		if d, err = lay.DispatchMXFP8(s, qx.m, w); err == nil {
+		if d, err = lay.DispatchMXFP8(s, qx.m, w, during...); err == nil {
 			q.m, weights, counts = d.X, d.Weights, d.Counts
 		}
 	}
@@ -395,22 +404,42 @@ type operand struct {
 // precision quantizes dy (its tensor, or its source) once for both GEMMs (see newGrad)
 // and frees it after them.
 func (e *experts) backward(dx, dw *device.Tensor, dy operand, getX func() (operand, error), acc, second bool) error {
+	wgrad, err := e.backwardSplit(dx, dw, dy, getX, acc, second)
+	if err != nil {
+		return err
+	}
+	return wgrad()
+}
+
+// backwardSplit is backward in two parts: it enqueues dy's quantization and the input
+// gradient now and returns the rest, the weight gradient (nothing when dw is nil) and the
+// release of dy's quantized forms, for the caller to enqueue later, once: the caller
+// must call it also when it fails in between, to free them.
+func (e *experts) backwardSplit(dx, dw *device.Tensor, dy operand, getX func() (operand, error), acc, second bool) (func() error, error) {
 	dir := quant.Rowwise
 	if dw != nil && !e.twoPass {
 		dir = quant.Both
 	}
 	q, err := e.newGrad(dy, dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = e.inputGrad(dx, q, second)
-	if err == nil && dw != nil {
-		var x operand
-		if x, err = getX(); err == nil {
-			err = e.weightGrad(dw, x, q, acc)
+	e.mark("grad_quant")
+	if err := e.inputGrad(dx, q, second); err != nil {
+		return nil, errors.Join(err, q.free())
+	}
+	e.mark("gemm_dx")
+	return func() error {
+		var err error
+		if dw != nil {
+			var x operand
+			if x, err = getX(); err == nil {
+				err = e.weightGrad(dw, x, q, acc)
+			}
+			e.mark("gemm_dw")
 		}
-	}
-	return errors.Join(err, q.free())
+		return errors.Join(err, q.free())
+	}, nil
 }
 
 // grad is an incoming gradient of Backward, dyp or dh, as its GEMMs read it: its tensor
@@ -497,6 +526,7 @@ func (e *experts) weightGrad(dw *device.Tensor, x operand, dy *grad, acc bool) e
 		}
 		defer c.free()
 		dy = c
+		e.mark("grad_quant")
 	}
 	qx, own := x.q, x.q.b == nil && x.q.m == nil
 	if own {
@@ -507,6 +537,7 @@ func (e *experts) weightGrad(dw *device.Tensor, x operand, dy *grad, acc bool) e
 		if qx, err = e.quantize(x, rows, blockCols(sizes, quant.Columnwise), mxCols(sizes, quant.Columnwise)); err != nil {
 			return err
 		}
+		e.mark("x_quant")
 	}
 	var err error
 	if qx.b != nil {

@@ -29,6 +29,10 @@ type Layer struct {
 	// computes them (grad_fp8.go); it writes the others in the activations' dtype and
 	// quantizes them. NewLayer sets defaultFusedGrad; tests and benchmarks set others.
 	fusedGrad gradParts
+	// serialEP, when set (by tests and benchmarks), makes a layer with Config.EP run its
+	// work in the order of its data flow, none of it while ep's ops move rows: the
+	// reference of the overlap it otherwise runs (Forward, Backward).
+	serialEP bool
 
 	mu sync.Mutex  // guards q
 	q  *fp8Weights // FP8 precisions: W1 and W2 quantized, or nil

@@ -159,6 +159,44 @@ func TestLayerEPOffload(t *testing.T) {
 	})
 }
 
+// TestLayerEPOverlap runs the expert-parallel layer in each precision, with a shared
+// expert, its work overlapping ep's transfers (the shared expert and FP8 weights while
+// x's rows are dispatched, the shared expert's backward while dy's rows move, W1's
+// weight gradient while DispatchBackward moves dxp's rows) and in the order of its data
+// flow: every rank's results are the same bits, with activations kept or offloaded.
+func TestLayerEPOverlap(t *testing.T) {
+	cfg := Config{Hidden: 32, FFN: 16, SharedFFN: 8, Router: RouterConfig{Experts: 8, TopK: 2, Renormalize: true, AuxLoss: 0.5}}
+	tokens := []int{36, 20, 0, 44}
+	T := 0
+	for _, n := range tokens {
+		T += n
+	}
+	dt.Run(t, func(t *testing.T, d *device.Device) {
+		r := dt.Rand(830)
+		base := newRef(r, cfg, T, false, device.BF16, device.F32)
+		gy := randn(r, device.BF16, T*cfg.Hidden, 1)
+		for _, prec := range []Precision{PrecisionBF16, PrecisionBlockwise, PrecisionMXFP8} {
+			for _, pol := range []string{"", "*=offload"} {
+				sub := pol
+				if sub == "" {
+					sub = "kept"
+				}
+				t.Run(name(prec, "/", sub), func(t *testing.T) {
+					l := withPrecision(base, prec)
+					l.rankPolicy = pol
+					serial := *l
+					serial.serialEP = true
+					want := runRanks(t, d, &serial, tokens, device.BF16, gy)
+					got := runRanks(t, d, l, tokens, device.BF16, gy)
+					for rk := range tokens {
+						sameRun(t, fmt.Sprint("rank ", rk, " (-serial +overlapped)"), want[rk], got[rk])
+					}
+				})
+			}
+		}
+	})
+}
+
 // rankOffsets returns the offsets of the ranks' tokens in the batch.
 func rankOffsets(tokens []int) []int {
 	off := make([]int, len(tokens)+1)

@@ -206,6 +206,8 @@ type refLayer struct {
 	// backTwice makes runLayer run Backward a second time on the same activations, with
 	// Grads.W2Ready and W1Ready, and fail unless every gradient is the first's, bit for bit.
 	backTwice bool
+	// serialEP sets the Layer's serialEP in runLayer.
+	serialEP bool
 	// rankPolicy gives each rank of runRanks an offloader of this policy (with room for
 	// every activation), checked to hold nothing after the step.
 	rankPolicy string
