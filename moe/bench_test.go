@@ -80,7 +80,10 @@ func (st *stageTimes) add(sums map[string]time.Duration) {
 // expert GEMMs' TFLOP/s over the pass (bf16's FLOP count in every precision),
 // gemm_alone_ms and gemm_alone_TFLOP/s, layer/gemm (the pass over the GEMMs alone; the
 // target is ≤ 1.15 in bf16; an FP8 pass adds the quantizations) and the time of each
-// stage within the pass (_ms).
+// stage within the pass (_ms): the forward's GEMMs are gemm_ms, the backward's are
+// w2_dx, w2_dw, w1_dx and w1_dw, beside the quantizations of their incoming gradients
+// (w2_grad_quant, w1_grad_quant: with the fused SwiGLU gradient, its computation too)
+// and of W1's weight gradient's x (w1_x_quant) where it has none kept.
 func BenchmarkLayer(b *testing.B) {
 	for _, d := range dt.Devices(b) {
 		cfg, T := benchShape(d)

@@ -159,12 +159,14 @@ type experts struct {
 	colRow  int            // colGroups' rows
 	twoPass bool           // Layer.gradTwoPass
 	layer   *Layer         // whose trace marks the backward's quantizations and GEMMs (nil: none)
+	weight  string         // the weight of the backward's GEMMs, w1 or w2, in the marks
 }
 
-// mark marks the end of a stage of the experts' work on the layer's trace.
+// mark marks the end of a stage of the backward's work through e.weight on the layer's
+// trace.
 func (e *experts) mark(stage string) {
 	if e.layer != nil {
-		e.layer.mark(e.s, stage)
+		e.layer.mark(e.s, e.weight+"_"+stage)
 	}
 }
 
@@ -420,6 +422,7 @@ func (e *experts) backwardSplit(dx, dw *device.Tensor, dy operand, getX func() (
 	if dw != nil && !e.twoPass {
 		dir = quant.Both
 	}
+	e.weight = pick(second, "w2", "w1")
 	q, err := e.newGrad(dy, dir)
 	if err != nil {
 		return nil, err
@@ -428,7 +431,7 @@ func (e *experts) backwardSplit(dx, dw *device.Tensor, dy operand, getX func() (
 	if err := e.inputGrad(dx, q, second); err != nil {
 		return nil, errors.Join(err, q.free())
 	}
-	e.mark("gemm_dx")
+	e.mark("dx")
 	return func() error {
 		var err error
 		if dw != nil {
@@ -436,7 +439,7 @@ func (e *experts) backwardSplit(dx, dw *device.Tensor, dy operand, getX func() (
 			if x, err = getX(); err == nil {
 				err = e.weightGrad(dw, x, q, acc)
 			}
-			e.mark("gemm_dw")
+			e.mark("dw")
 		}
 		return errors.Join(err, q.free())
 	}, nil
