@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
-	"github.com/dropless/dropless/ep"
 )
 
 // TestOverlapErrors checks the ops' during functions when an op fails: an op that fails
@@ -21,13 +19,7 @@ func TestOverlapErrors(t *testing.T) {
 	ins := sc.inputs()
 	stop := errors.New("stop")
 	dt.Run(t, func(t *testing.T, d *device.Device) {
-		w, err := ep.NewWorld(sc.R, d)
-		dt.NoErr(t, err)
-		w.SetTimeout(20 * time.Second)
-		trs := make([]ep.Transport, sc.R)
-		for r := range trs {
-			trs[r] = w.Transport(r)
-		}
+		_, trs := newWorld(t, d, sc.R)
 		_, errs := eachRank(trs, func(r int, _ *phaser) (struct{}, error) {
 			rk, err := newRank(trs[r], sc, ins[r].idx)
 			if err != nil {

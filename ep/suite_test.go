@@ -513,15 +513,25 @@ func eachRank[O any](trs []ep.Transport, rank func(r int, ph *phaser) (O, error)
 	return outs, errs
 }
 
+// newWorld returns an in-process world of R ranks on d, with a timeout for tests, and
+// its ranks' transports.
+func newWorld(t *testing.T, d *device.Device, R int) (*ep.World, []ep.Transport) {
+	t.Helper()
+	w, err := ep.NewWorld(R, d)
+	dt.NoErr(t, err)
+	w.SetTimeout(20 * time.Second)
+	trs := make([]ep.Transport, R)
+	for r := range trs {
+		trs[r] = w.Transport(r)
+	}
+	return w, trs
+}
+
 // runWorld runs sc on an in-process world with every rank on d.
 func runWorld(t *testing.T, d *device.Device, sc scen, ins []rankIn, wrap func(ep.Transport) ep.Transport) []*rankOut {
 	t.Helper()
-	w, err := ep.NewWorld(sc.R, d)
-	dt.NoErr(t, err)
-	w.SetTimeout(20 * time.Second)
-	trs := make([]ep.Transport, sc.R)
+	w, trs := newWorld(t, d, sc.R)
 	for r := range trs {
-		trs[r] = w.Transport(r)
 		if wrap != nil {
 			trs[r] = wrap(trs[r])
 		}
