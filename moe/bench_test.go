@@ -3,8 +3,11 @@ package moe
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
@@ -68,6 +71,37 @@ func (st *stageTimes) add(sums map[string]time.Duration) {
 		d, _ := st.events[i].Since(prev)
 		sums[st.names[i]] += d
 		prev = st.events[i]
+	}
+}
+
+// TestTraceStages checks the stages a layer marks on its trace for BenchmarkLayer: the
+// backward's GEMMs and quantizations named by their weight, in the order they run.
+func TestTraceStages(t *testing.T) {
+	cfg := Config{Hidden: 32, FFN: 16, Router: RouterConfig{Experts: 4, TopK: 2, Renormalize: true}}
+	r := dt.Rand(840)
+	base := newRef(r, cfg, 24, false, device.BF16, device.F32)
+	gy := randn(r, device.BF16, 24*cfg.Hidden, 1)
+	for _, tc := range []struct {
+		prec Precision
+		want []string
+	}{
+		{PrecisionBF16, []string{"w2_grad_quant", "w2_dx", "w2_dw", "w1_grad_quant", "w1_dx", "w1_dw"}},
+		// W1's weight gradient quantizes x's permuted rows (with the default fused parts).
+		{PrecisionBlockwise, []string{"w2_grad_quant", "w2_dx", "w2_dw", "w1_grad_quant", "w1_dx", "w1_x_quant", "w1_dw"}},
+	} {
+		t.Run(tc.prec.String(), func(t *testing.T) {
+			l := withPrecision(base, tc.prec)
+			var got []string
+			l.trace = func(_ *device.Stream, stage string) {
+				if strings.HasPrefix(stage, "w1_") || strings.HasPrefix(stage, "w2_") {
+					got = append(got, stage)
+				}
+			}
+			runLayer(t, device.CPU(), l, device.BF16, device.F32, gy)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("the backward's stages (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

@@ -422,7 +422,7 @@ func (e *experts) backwardSplit(dx, dw *device.Tensor, dy operand, getX func() (
 	if dw != nil && !e.twoPass {
 		dir = quant.Both
 	}
-	e.weight = pick(second, "w2", "w1")
+	e.weight = pick(second, "w1", "w2")
 	q, err := e.newGrad(dy, dir)
 	if err != nil {
 		return nil, err

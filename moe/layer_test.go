@@ -112,6 +112,7 @@ func runLayerOn(t testing.TB, s *device.Stream, l *refLayer, typ, rtyp device.DT
 	lay.unfusedSwiGLU = l.unfusedSwiGLU
 	lay.fusedGrad = l.fusedGrad
 	lay.serialEP = l.serialEP
+	lay.trace = l.trace
 	defer lay.InvalidateWeights() // an FP8 layer's cached weights
 	var ts []*device.Tensor
 	defer func() { device.FreeAll(ts...) }()

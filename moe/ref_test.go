@@ -4,6 +4,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/dropless/dropless/device"
 	dt "github.com/dropless/dropless/device/devicetest"
 )
 
@@ -208,6 +209,8 @@ type refLayer struct {
 	backTwice bool
 	// serialEP sets the Layer's serialEP in runLayer.
 	serialEP bool
+	// trace sets the Layer's trace in runLayer.
+	trace func(s *device.Stream, stage string)
 	// rankPolicy gives each rank of runRanks an offloader of this policy (with room for
 	// every activation), checked to hold nothing after the step.
 	rankPolicy string
