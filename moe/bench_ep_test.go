@@ -12,21 +12,32 @@ import (
 	"github.com/dropless/dropless/ep"
 )
 
-// BenchmarkLayerEP times the expert-parallel layer's forward+backward on two GPUs, NCCL
-// ranks of this process (direct transfers where the GPUs address each other's memory):
-// T = 16384 tokens per rank, H = 7168, F = 2048, E = 64 (32 a rank), K = 8, bf16
-// activations, in each precision, with its work overlapping ep's transfers (the
-// default) and serial (Layer.serialEP). The one-GPU layer with the same work per GPU is
-// BenchmarkLayer's (E = 32, no EP). Metrics: ms per step (the slower rank's), and the
-// expert GEMMs' TFLOP/s per GPU over it. It needs two GPUs and skips otherwise.
+// BenchmarkLayerEP times the expert-parallel layer's forward+backward over two ranks:
+// on two GPUs NCCL ranks of this process (direct transfers where the GPUs address each
+// other's memory), on one GPU two in-process ranks sharing it (rows moved device to
+// device; each step does two GPUs' work, so only its two variants compare). T = 16384
+// tokens per rank, H = 7168, F = 2048, E = 64 (32 a rank), K = 8, bf16 activations, in
+// each precision, with the layer's work overlapping ep's transfers (the default) and
+// serial (Layer.serialEP). The one-GPU layer with the same work per GPU as the two-GPU
+// run is BenchmarkLayer's (E = 32, no EP). Metrics: ms per step (the slower rank's),
+// and the expert GEMMs' TFLOP/s per rank over it. It skips without a GPU.
 func BenchmarkLayerEP(b *testing.B) {
 	n, err := device.CUDACount()
-	if err != nil || n < 2 {
-		b.Skipf("needs 2 GPUs (found %d: %v)", n, err)
+	if err != nil || n < 1 {
+		b.Skipf("needs a GPU (found %d: %v)", n, err)
 	}
-	devs := []*device.Device{dt.Must(device.Open("cuda:0")), dt.Must(device.Open("cuda:1"))}
-	trs, err := ep.NewNCCLWorld(devs, 120*time.Second)
-	dt.NoErr(b, err)
+	var devs []*device.Device
+	var trs []ep.Transport
+	world := "nccl"
+	if n >= 2 {
+		devs = []*device.Device{dt.Must(device.Open("cuda:0")), dt.Must(device.Open("cuda:1"))}
+		trs, err = ep.NewNCCLWorld(devs, 120*time.Second)
+		dt.NoErr(b, err)
+	} else {
+		d := dt.Must(device.Open("cuda:0"))
+		w := dt.Must(ep.NewWorld(2, d))
+		devs, trs, world = []*device.Device{d, d}, []ep.Transport{w.Transport(0), w.Transport(1)}, "one-gpu"
+	}
 	const R, T, H, F, E, K = 2, 16384, 7168, 2048, 64, 8
 	L, typ := E/R, device.BF16
 	ranks := make([]*epBenchRank, R)
@@ -51,23 +62,29 @@ func BenchmarkLayerEP(b *testing.B) {
 		ranks[r] = rk
 	}
 	defer func() {
-		for _, rk := range ranks {
-			device.FreeAll(rk.allocated...)
-			rk.g.Close()
-			rk.s.Close()
+		// Each rank on its own goroutine: closing a group with direct transfers, and an
+		// NCCL transport, waits for the other ranks.
+		var wg sync.WaitGroup
+		for r, rk := range ranks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				device.FreeAll(rk.allocated...)
+				rk.g.Close()
+				rk.s.Close()
+				trs[r].Close()
+			}()
 		}
-		for _, tr := range trs {
-			tr.Close()
-		}
+		wg.Wait()
 	}()
-	flops := 3 * 6 * float64(T) * float64(K) * float64(H) * float64(F) // per GPU: the group's routed rows over R GPUs
+	flops := 3 * 6 * float64(T) * float64(K) * float64(H) * float64(F) // per rank: the group's routed rows over R ranks
 	for _, prec := range []Precision{PrecisionBF16, PrecisionBlockwise, PrecisionMXFP8} {
 		for _, serial := range []bool{false, true} {
 			mode := "overlapped"
 			if serial {
 				mode = "serial"
 			}
-			b.Run(fmt.Sprintf("R=%d,T=%d,H=%d,F=%d,E=%d,K=%d/%v/%s", R, T, H, F, E, K, prec, mode), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/R=%d,T=%d,H=%d,F=%d,E=%d,K=%d/%v/%s", world, R, T, H, F, E, K, prec, mode), func(b *testing.B) {
 				times := make([]time.Duration, R)
 				errs := make([]error, R)
 				var wg sync.WaitGroup
