@@ -114,9 +114,10 @@
 // arrives: a weight gradient, a shared expert, a quantization of weights. They must
 // not start another op of the group, nor touch the op's inputs or outputs.
 //
-// An op that returns nil has called each once; one that fails has called some of them
-// or none (none when it fails before its transfers start). The first error one of them
-// returns fails the op (its outputs freed), which returns it as it is. Where the transport moves rows when called
-// (in-process ranks on the CPU or through host memory), they run after the rows have
-// moved: the results are the same, only nothing overlaps.
+// Nil functions are skipped. An op that returns nil has called each once; one that
+// fails has called some of them or none (none when it fails before its transfers
+// start). The first error one of them returns fails the op (its outputs freed), which
+// returns it as it is. Where the transport moves rows when called (in-process ranks on
+// the CPU or through host memory), they run after the rows have moved: the results are
+// the same, only nothing overlaps.
 package ep

@@ -282,7 +282,7 @@ func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*dev
 	if weights != nil {
 		recvW = xf.recv[nx]
 	}
-	err = l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
+	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		m := rows(l.sendTok, l.sendOff[p]+lo, l.sendOff[p]+hi)
 		for i, x := range xs {
 			if err := g.be.gather(st, dst[i], x, m); err != nil {
@@ -325,10 +325,6 @@ func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*dev
 		g.mark(s, "place", c)
 		return nil
 	})
-	if err == nil {
-		err = xf.overlap() // where the transfers had none to call them
-	}
-	return err
 }
 
 // transfers runs an op's transfers in Config.Chunks pieces: directly (see direct) when
@@ -337,10 +333,11 @@ func (l *Layout) dispatch(s *device.Stream, op string, names []string, xs []*dev
 // filling of dst, rows [lo, hi) of p's send segment (x.sendCnt[p] rows); then local(),
 // the op's work that needs no transfer; then the transfers, each piece moving once s
 // has packed it, into x's receive tensors at x.recvOff[p] plus piece c of x.recvCnt[p]
-// rows; then, for each piece c, arrive(c) on s after s waits for the piece. Enqueuing
-// the kernels of s before the transfers keeps the device busy while the host is in the
-// transport's calls. Whatever happens, s waits for every piece that was sent before
-// transfers returns, so that temporaries freed on s afterwards are done with.
+// rows; then the caller's x.during (xfer.overlap), on both paths; then, for each piece
+// c, arrive(c) on s after s waits for the piece. Enqueuing the kernels of s before the
+// transfers keeps the device busy while the host is in the transport's calls. Whatever
+// happens, s waits for every piece that was sent before transfers returns, so that
+// temporaries freed on s afterwards are done with.
 func (l *Layout) transfers(s *device.Stream, x *xfer, pack func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error,
 	local func() error, arrive func(c int) error) (err error) {
 	if x.win != nil {
@@ -535,7 +532,7 @@ func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, 
 	part := func(c int) *finalPart {
 		return &finalPart{rank: r, c: c, C: g.chunks(), sendOff: l.sendOff, dev: l.sendOfs}
 	}
-	err = l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
+	return l.transfers(s, xf, func(st *device.Stream, p, lo, hi int, dst []*device.Tensor) error {
 		return sums(st, dst, l.recvOff[p]+lo)
 	}, func() error {
 		// This rank's own partial sums go straight to their place; then the final sums
@@ -564,8 +561,4 @@ func (l *Layout) combineInto(s *device.Stream, op, yName string, out, dweights, 
 		}
 		return nil
 	})
-	if err == nil {
-		err = xf.overlap() // where the transfers had none to call them
-	}
-	return err
 }

@@ -12,7 +12,8 @@ import (
 
 // TestOverlapErrors checks the ops' during functions when an op fails: an op that fails
 // on a bad argument calls none of them; the error of one fails the op with that error
-// and the functions after it are not called; the next op of the layout runs as usual.
+// and the functions after it are not called; the next op of the layout runs as usual,
+// skipping a nil function.
 // (The shared suite checks that each op calls them once, in order.)
 func TestOverlapErrors(t *testing.T) {
 	sc := scenarios()[1] // R2
@@ -51,7 +52,7 @@ func TestOverlapErrors(t *testing.T) {
 				return struct{}{}, fmt.Errorf("Dispatch with a failing during function: error %v, want %v", err, stop)
 			}
 			// The layout still moves rows.
-			D, err := l.Dispatch(s, x, nil, log("after", nil))
+			D, err := l.Dispatch(s, x, nil, nil, log("after", nil))
 			if err != nil {
 				return struct{}{}, err
 			}

@@ -67,10 +67,10 @@
 // also the tests' reference. Layer.Load compiles the programs a layer runs all at once,
 // on every CPU core, before its first Forward. Nothing waits for the device except
 // calls that say so: Stats, Permutation.DroppedCount, the Check of a Permutation's
-// Status, and the count exchange of an expert-parallel Layout. Grads.W2Ready and W1Ready are events that
-// Backward records on its stream as soon as it is done with each expert weight, so that
-// an optimizer step of that weight on another stream can overlap the rest of the
-// backward.
+// Status, and the count exchange of an expert-parallel Layout. Grads.W2Ready and
+// W1Ready are events that Backward records on its stream as soon as it is done with
+// each expert weight, so that an optimizer step of that weight on another stream can
+// overlap the rest of the backward.
 //
 // # Expert parallelism and offloading
 //
